@@ -1,0 +1,38 @@
+"""cffi build script for the C core (API, out-of-line mode).
+
+setup.py names it in ``cffi_modules``; it produces the extension
+``tensorlist._core``. Set TENSORLIST_STRICT_BUILD=1 to compile with warnings
+as errors (CI does), TENSORLIST_SANITIZE=1 for an ASan/UBSan build.
+"""
+import os
+import pathlib
+
+from cffi import FFI
+
+HERE = pathlib.Path(__file__).resolve().parent
+
+ffibuilder = FFI()
+ffibuilder.cdef((HERE / "tensorlist_cdef.h").read_text())
+
+_args = ["-O2", "-std=c11", "-Wall", "-Wextra", "-Wshadow", "-pthread"]
+_link = ["-pthread"]
+if os.environ.get("TENSORLIST_STRICT_BUILD") == "1":
+    _args.append("-Werror")
+if os.environ.get("TENSORLIST_SANITIZE") == "1":
+    _args += ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-O1"]
+    _link += ["-fsanitize=address,undefined"]
+
+# Paths relative to the project root: setuptools runs the build from there
+# and refuses absolute source paths in some modes.
+ffibuilder.set_source(
+    "tensorlist._core",
+    '#include "tensorlist.h"',
+    sources=["csrc/tensorlist.c"],
+    include_dirs=["csrc"],
+    depends=["csrc/tensorlist.h"],
+    extra_compile_args=_args,
+    extra_link_args=_link,
+)
+
+if __name__ == "__main__":
+    ffibuilder.compile(verbose=True)

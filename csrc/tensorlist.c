@@ -1,0 +1,649 @@
+/*
+ * tensorlist C core. See tensorlist.h for the conventions.
+ */
+#define _GNU_SOURCE
+#include "tensorlist.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define TL_CORE_VERSION 1
+#define STAGE_BYTES ((size_t)4 << 20)      /* per-thread staging buffer */
+#define DIRECT_MIN ((uint64_t)256 << 10)   /* larger tensors are written straight from the caller */
+#define SPARSE_MIN ((uint64_t)64 << 10)    /* zero runs this long are left as holes (TL_WRITE_SPARSE) */
+#define IO_CHUNK ((uint64_t)1 << 30)       /* largest single read/write request */
+#define PARALLEL_MIN ((uint64_t)8 << 20)   /* below this, one thread does all the work */
+
+const char *tl_strerror(int status) {
+    switch (status) {
+    case TL_OK: return "success";
+    case TL_ERR_IO: return "input/output error";
+    case TL_ERR_OVERFLOW: return "offset or length overflows 64 bits";
+    case TL_ERR_BOUNDS: return "range lies outside its list or file";
+    case TL_ERR_ALIGN: return "offset is not aligned";
+    case TL_ERR_OVERLAP: return "tensors overlap";
+    case TL_ERR_LENGTH: return "byte length is not a multiple of the item size";
+    case TL_ERR_ARG: return "invalid argument";
+    case TL_ERR_NOMEM: return "out of memory";
+    case TL_ERR_SHORT: return "file is shorter than the requested range";
+    default: return "unknown status";
+    }
+}
+
+int tl_version(void) { return TL_CORE_VERSION; }
+
+int tl_constants(int64_t *list_alignment, int64_t *min_tensor_alignment) {
+    if (!list_alignment || !min_tensor_alignment) return TL_ERR_ARG;
+    *list_alignment = TL_LIST_ALIGNMENT;
+    *min_tensor_alignment = TL_MIN_TENSOR_ALIGNMENT;
+    return TL_OK;
+}
+
+/* ------------------------------------------------------------------ layout */
+
+typedef struct {
+    int64_t offset;
+    int64_t end;
+    int64_t index;
+} span_sort;
+
+static int span_cmp(const void *a, const void *b) {
+    const span_sort *x = a, *y = b;
+    if (x->offset != y->offset) return x->offset < y->offset ? -1 : 1;
+    if (x->end != y->end) return x->end < y->end ? -1 : 1;
+    return x->index < y->index ? -1 : (x->index > y->index);
+}
+
+int tl_check_layout(uint64_t n, const tl_span *spans, int64_t list_length,
+                    int64_t min_alignment, int64_t *bad, int64_t *other) {
+    if (!bad || !other || (n && !spans) || list_length < 0 || min_alignment <= 0) return TL_ERR_ARG;
+    if (n > (uint64_t)INT64_MAX) return TL_ERR_ARG;
+    *bad = -1;
+    *other = -1;
+    int sorted = 1;
+    int64_t prev_off = -1;
+    for (uint64_t i = 0; i < n; i++) {
+        const tl_span *s = &spans[i];
+        int64_t end;
+        *bad = (int64_t)i;
+        if (s->itemsize <= 0) return TL_ERR_ARG;
+        if (s->offset < 0 || s->length < 0) return TL_ERR_BOUNDS;
+        if (s->offset % min_alignment != 0 || s->offset % s->itemsize != 0) return TL_ERR_ALIGN;
+        if (s->length % s->itemsize != 0) return TL_ERR_LENGTH;
+        if (__builtin_add_overflow(s->offset, s->length, &end)) return TL_ERR_OVERFLOW;
+        if (end > list_length) return TL_ERR_BOUNDS;
+        if (s->length > 0) {
+            if (s->offset < prev_off) sorted = 0;
+            prev_off = s->offset;
+        }
+    }
+    *bad = -1;
+    if (sorted) {
+        int64_t prev_end = 0, prev_idx = -1;
+        for (uint64_t i = 0; i < n; i++) {
+            if (spans[i].length == 0) continue;
+            if (prev_idx >= 0 && spans[i].offset < prev_end) {
+                *bad = (int64_t)i;
+                *other = prev_idx;
+                return TL_ERR_OVERLAP;
+            }
+            prev_end = spans[i].offset + spans[i].length;
+            prev_idx = (int64_t)i;
+        }
+        return TL_OK;
+    }
+    size_t bytes;
+    if (__builtin_mul_overflow((size_t)n, sizeof(span_sort), &bytes)) return TL_ERR_NOMEM;
+    span_sort *v = malloc(bytes ? bytes : 1);
+    if (!v) return TL_ERR_NOMEM;
+    uint64_t m = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        if (spans[i].length == 0) continue;
+        v[m].offset = spans[i].offset;
+        v[m].end = spans[i].offset + spans[i].length;
+        v[m].index = (int64_t)i;
+        m++;
+    }
+    qsort(v, (size_t)m, sizeof(span_sort), span_cmp);
+    int status = TL_OK;
+    for (uint64_t j = 1; j < m; j++) {
+        if (v[j].offset < v[j - 1].end) {
+            /* report the later tensor in file order as the culprit */
+            int64_t a = v[j].index, b = v[j - 1].index;
+            *bad = a > b ? a : b;
+            *other = a > b ? b : a;
+            status = TL_ERR_OVERLAP;
+            break;
+        }
+    }
+    free(v);
+    return status;
+}
+
+/* ----------------------------------------------------------------- mapping */
+
+int tl_map_readonly(int fd, uint64_t length, void **addr, int *err_no) {
+    if (!addr || !err_no || length == 0 || length > (uint64_t)SIZE_MAX) return TL_ERR_ARG;
+    *err_no = 0;
+    void *p = mmap(NULL, (size_t)length, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) {
+        *err_no = errno;
+        return TL_ERR_IO;
+    }
+    *addr = p;
+    return TL_OK;
+}
+
+int tl_map_writable(int fd, uint64_t offset, uint64_t length, void **map_addr,
+                    uint64_t *map_length, void **data, int *err_no) {
+    if (!map_addr || !map_length || !data || !err_no || length == 0) return TL_ERR_ARG;
+    *err_no = 0;
+    long page = sysconf(_SC_PAGESIZE);
+    if (page <= 0) page = 4096;
+    uint64_t start = offset - offset % (uint64_t)page, span, end;
+    if (__builtin_add_overflow(offset, length, &end) || end > (uint64_t)INT64_MAX) return TL_ERR_OVERFLOW;
+    span = end - start;
+    if (span > (uint64_t)SIZE_MAX) return TL_ERR_ARG;
+    void *p = mmap(NULL, (size_t)span, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)start);
+    if (p == MAP_FAILED) {
+        *err_no = errno;
+        return TL_ERR_IO;
+    }
+    *map_addr = p;
+    *map_length = span;
+    *data = (unsigned char *)p + (offset - start);
+    return TL_OK;
+}
+
+int tl_unmap(void *addr, uint64_t length) {
+    if (!addr || length == 0) return TL_ERR_ARG;
+    return munmap(addr, (size_t)length) == 0 ? TL_OK : TL_ERR_IO;
+}
+
+int tl_msync(void *addr, uint64_t length, int *err_no) {
+    if (!addr || !err_no || length == 0) return TL_ERR_ARG;
+    *err_no = 0;
+    if (msync(addr, (size_t)length, MS_SYNC) != 0) {
+        *err_no = errno;
+        return TL_ERR_IO;
+    }
+    return TL_OK;
+}
+
+int tl_preallocate(int fd, uint64_t length, int *err_no) {
+    if (!err_no || length > (uint64_t)INT64_MAX) return TL_ERR_ARG;
+    *err_no = 0;
+    if (length > 0) {
+        int rc = posix_fallocate(fd, 0, (off_t)length);
+        if (rc == 0) return TL_OK;
+        if (rc != EOPNOTSUPP && rc != EINVAL && rc != ENOSYS) {
+            *err_no = rc;
+            return TL_ERR_IO;
+        }
+    }
+    /* The filesystem cannot reserve space (FUSE, some network mounts): size the file. */
+    if (ftruncate(fd, (off_t)length) != 0) {
+        *err_no = errno;
+        return TL_ERR_IO;
+    }
+    return TL_OK;
+}
+
+/* --------------------------------------------------------------- raw I/O */
+
+static int pwrite_all(int fd, const unsigned char *buf, uint64_t len, uint64_t off, int *err_no) {
+    while (len > 0) {
+        size_t want = (size_t)(len < IO_CHUNK ? len : IO_CHUNK);
+        ssize_t w = pwrite(fd, buf, want, (off_t)off);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            *err_no = errno;
+            return TL_ERR_IO;
+        }
+        if (w == 0) {
+            *err_no = ENOSPC;
+            return TL_ERR_IO;
+        }
+        buf += w;
+        len -= (uint64_t)w;
+        off += (uint64_t)w;
+    }
+    return TL_OK;
+}
+
+static int pread_all(int fd, unsigned char *buf, uint64_t len, uint64_t off, int *err_no) {
+    while (len > 0) {
+        size_t want = (size_t)(len < IO_CHUNK ? len : IO_CHUNK);
+        ssize_t r = pread(fd, buf, want, (off_t)off);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            *err_no = errno;
+            return TL_ERR_IO;
+        }
+        if (r == 0) return TL_ERR_SHORT;
+        buf += r;
+        len -= (uint64_t)r;
+        off += (uint64_t)r;
+    }
+    return TL_OK;
+}
+
+static int clamp_threads(int nthreads, uint64_t bytes) {
+    if (nthreads < 1 || bytes < PARALLEL_MIN) return 1;
+    if (nthreads > TL_MAX_THREADS) nthreads = TL_MAX_THREADS;
+    uint64_t most = bytes / (PARALLEL_MIN / 2);
+    if ((uint64_t)nthreads > most) nthreads = (int)(most ? most : 1);
+    return nthreads;
+}
+
+/* ------------------------------------------------------------------ CRC32C */
+
+static const uint32_t crc_table[256] = {
+    0x00000000u, 0xf26b8303u, 0xe13b70f7u, 0x1350f3f4u, 0xc79a971fu, 0x35f1141cu,
+    0x26a1e7e8u, 0xd4ca64ebu, 0x8ad958cfu, 0x78b2dbccu, 0x6be22838u, 0x9989ab3bu,
+    0x4d43cfd0u, 0xbf284cd3u, 0xac78bf27u, 0x5e133c24u, 0x105ec76fu, 0xe235446cu,
+    0xf165b798u, 0x030e349bu, 0xd7c45070u, 0x25afd373u, 0x36ff2087u, 0xc494a384u,
+    0x9a879fa0u, 0x68ec1ca3u, 0x7bbcef57u, 0x89d76c54u, 0x5d1d08bfu, 0xaf768bbcu,
+    0xbc267848u, 0x4e4dfb4bu, 0x20bd8edeu, 0xd2d60dddu, 0xc186fe29u, 0x33ed7d2au,
+    0xe72719c1u, 0x154c9ac2u, 0x061c6936u, 0xf477ea35u, 0xaa64d611u, 0x580f5512u,
+    0x4b5fa6e6u, 0xb93425e5u, 0x6dfe410eu, 0x9f95c20du, 0x8cc531f9u, 0x7eaeb2fau,
+    0x30e349b1u, 0xc288cab2u, 0xd1d83946u, 0x23b3ba45u, 0xf779deaeu, 0x05125dadu,
+    0x1642ae59u, 0xe4292d5au, 0xba3a117eu, 0x4851927du, 0x5b016189u, 0xa96ae28au,
+    0x7da08661u, 0x8fcb0562u, 0x9c9bf696u, 0x6ef07595u, 0x417b1dbcu, 0xb3109ebfu,
+    0xa0406d4bu, 0x522bee48u, 0x86e18aa3u, 0x748a09a0u, 0x67dafa54u, 0x95b17957u,
+    0xcba24573u, 0x39c9c670u, 0x2a993584u, 0xd8f2b687u, 0x0c38d26cu, 0xfe53516fu,
+    0xed03a29bu, 0x1f682198u, 0x5125dad3u, 0xa34e59d0u, 0xb01eaa24u, 0x42752927u,
+    0x96bf4dccu, 0x64d4cecfu, 0x77843d3bu, 0x85efbe38u, 0xdbfc821cu, 0x2997011fu,
+    0x3ac7f2ebu, 0xc8ac71e8u, 0x1c661503u, 0xee0d9600u, 0xfd5d65f4u, 0x0f36e6f7u,
+    0x61c69362u, 0x93ad1061u, 0x80fde395u, 0x72966096u, 0xa65c047du, 0x5437877eu,
+    0x4767748au, 0xb50cf789u, 0xeb1fcbadu, 0x197448aeu, 0x0a24bb5au, 0xf84f3859u,
+    0x2c855cb2u, 0xdeeedfb1u, 0xcdbe2c45u, 0x3fd5af46u, 0x7198540du, 0x83f3d70eu,
+    0x90a324fau, 0x62c8a7f9u, 0xb602c312u, 0x44694011u, 0x5739b3e5u, 0xa55230e6u,
+    0xfb410cc2u, 0x092a8fc1u, 0x1a7a7c35u, 0xe811ff36u, 0x3cdb9bddu, 0xceb018deu,
+    0xdde0eb2au, 0x2f8b6829u, 0x82f63b78u, 0x709db87bu, 0x63cd4b8fu, 0x91a6c88cu,
+    0x456cac67u, 0xb7072f64u, 0xa457dc90u, 0x563c5f93u, 0x082f63b7u, 0xfa44e0b4u,
+    0xe9141340u, 0x1b7f9043u, 0xcfb5f4a8u, 0x3dde77abu, 0x2e8e845fu, 0xdce5075cu,
+    0x92a8fc17u, 0x60c37f14u, 0x73938ce0u, 0x81f80fe3u, 0x55326b08u, 0xa759e80bu,
+    0xb4091bffu, 0x466298fcu, 0x1871a4d8u, 0xea1a27dbu, 0xf94ad42fu, 0x0b21572cu,
+    0xdfeb33c7u, 0x2d80b0c4u, 0x3ed04330u, 0xccbbc033u, 0xa24bb5a6u, 0x502036a5u,
+    0x4370c551u, 0xb11b4652u, 0x65d122b9u, 0x97baa1bau, 0x84ea524eu, 0x7681d14du,
+    0x2892ed69u, 0xdaf96e6au, 0xc9a99d9eu, 0x3bc21e9du, 0xef087a76u, 0x1d63f975u,
+    0x0e330a81u, 0xfc588982u, 0xb21572c9u, 0x407ef1cau, 0x532e023eu, 0xa145813du,
+    0x758fe5d6u, 0x87e466d5u, 0x94b49521u, 0x66df1622u, 0x38cc2a06u, 0xcaa7a905u,
+    0xd9f75af1u, 0x2b9cd9f2u, 0xff56bd19u, 0x0d3d3e1au, 0x1e6dcdeeu, 0xec064eedu,
+    0xc38d26c4u, 0x31e6a5c7u, 0x22b65633u, 0xd0ddd530u, 0x0417b1dbu, 0xf67c32d8u,
+    0xe52cc12cu, 0x1747422fu, 0x49547e0bu, 0xbb3ffd08u, 0xa86f0efcu, 0x5a048dffu,
+    0x8ecee914u, 0x7ca56a17u, 0x6ff599e3u, 0x9d9e1ae0u, 0xd3d3e1abu, 0x21b862a8u,
+    0x32e8915cu, 0xc083125fu, 0x144976b4u, 0xe622f5b7u, 0xf5720643u, 0x07198540u,
+    0x590ab964u, 0xab613a67u, 0xb831c993u, 0x4a5a4a90u, 0x9e902e7bu, 0x6cfbad78u,
+    0x7fab5e8cu, 0x8dc0dd8fu, 0xe330a81au, 0x115b2b19u, 0x020bd8edu, 0xf0605beeu,
+    0x24aa3f05u, 0xd6c1bc06u, 0xc5914ff2u, 0x37faccf1u, 0x69e9f0d5u, 0x9b8273d6u,
+    0x88d28022u, 0x7ab90321u, 0xae7367cau, 0x5c18e4c9u, 0x4f48173du, 0xbd23943eu,
+    0xf36e6f75u, 0x0105ec76u, 0x12551f82u, 0xe03e9c81u, 0x34f4f86au, 0xc69f7b69u,
+    0xd5cf889du, 0x27a40b9eu, 0x79b737bau, 0x8bdcb4b9u, 0x988c474du, 0x6ae7c44eu,
+    0xbe2da0a5u, 0x4c4623a6u, 0x5f16d052u, 0xad7d5351u,};
+
+static uint32_t crc32c_sw(uint32_t crc, const unsigned char *p, uint64_t n) {
+    while (n--) crc = crc_table[(crc ^ *p++) & 0xffu] ^ (crc >> 8);
+    return crc;
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+__attribute__((target("sse4.2")))
+static uint32_t crc32c_hw(uint32_t crc, const unsigned char *p, uint64_t n) {
+    uint64_t c = crc;
+    while (n && ((uintptr_t)p & 7u)) {
+        c = __builtin_ia32_crc32qi((uint32_t)c, *p++);
+        n--;
+    }
+    while (n >= 8) {
+        uint64_t v;
+        memcpy(&v, p, 8);
+        c = __builtin_ia32_crc32di(c, v);
+        p += 8;
+        n -= 8;
+    }
+    while (n--) c = __builtin_ia32_crc32qi((uint32_t)c, *p++);
+    return (uint32_t)c;
+}
+#endif
+
+static uint32_t crc32c_update(uint32_t crc, const unsigned char *p, uint64_t n) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    if (__builtin_cpu_supports("sse4.2")) return crc32c_hw(crc, p, n);
+#endif
+    return crc32c_sw(crc, p, n);
+}
+
+uint32_t tl_crc32c(uint32_t crc, const void *data, uint64_t length) {
+    if (!data) return crc;
+    return ~crc32c_update(~crc, (const unsigned char *)data, length);
+}
+
+typedef struct {
+    const void *const *data;
+    const uint64_t *lengths;
+    uint32_t *out;
+    uint64_t begin, end;
+} crc_job;
+
+static void *crc_worker(void *arg) {
+    crc_job *j = arg;
+    for (uint64_t i = j->begin; i < j->end; i++)
+        j->out[i] = tl_crc32c(0, j->data[i], j->lengths[i]);
+    return NULL;
+}
+
+/* Splits n items into at most k consecutive groups of about equal bytes;
+ * bounds[g]..bounds[g+1] is group g. Returns the number of groups. */
+static int partition(uint64_t n, const uint64_t *lengths, const tl_write_item *items,
+                     uint64_t total, int k, uint64_t *bounds) {
+    int g = 0;
+    uint64_t acc = 0;
+    bounds[0] = 0;
+    for (uint64_t i = 0; i < n && g < k - 1; i++) {
+        acc += lengths ? lengths[i] : items[i].length;
+        if (acc >= total / (uint64_t)k * (uint64_t)(g + 1)) bounds[++g] = i + 1;
+    }
+    if (bounds[g] != n || g == 0) bounds[++g] = n;
+    return g;
+}
+
+int tl_crc32c_many(uint64_t n, const void *const *data, const uint64_t *lengths,
+                   uint32_t *out, int nthreads) {
+    if (n && (!data || !lengths || !out)) return TL_ERR_ARG;
+    uint64_t total = 0;
+    for (uint64_t i = 0; i < n; i++)
+        if (__builtin_add_overflow(total, lengths[i], &total)) return TL_ERR_OVERFLOW;
+    int k = clamp_threads(nthreads, total);
+    uint64_t bounds[TL_MAX_THREADS + 1];
+    int groups = partition(n, lengths, NULL, total, k, bounds);
+    crc_job jobs[TL_MAX_THREADS];
+    pthread_t tids[TL_MAX_THREADS];
+    int started[TL_MAX_THREADS];
+    for (int g = 0; g < groups; g++) {
+        jobs[g] = (crc_job){data, lengths, out, bounds[g], bounds[g + 1]};
+        started[g] = g > 0 && pthread_create(&tids[g], NULL, crc_worker, &jobs[g]) == 0;
+    }
+    crc_worker(&jobs[0]);
+    for (int g = 1; g < groups; g++) {
+        if (started[g]) pthread_join(tids[g], NULL);
+        else crc_worker(&jobs[g]);
+    }
+    return TL_OK;
+}
+
+/* ------------------------------------------------------------------ writes */
+
+typedef struct {
+    int fd;
+    tl_write_item *items;
+    uint64_t begin, end;          /* item indices */
+    uint64_t range_start, range_end;
+    int flags;
+    int status;
+    int err_no;
+    unsigned char *stage;
+    uint64_t stage_off, stage_len, cursor;
+} write_job;
+
+static int stage_flush(write_job *j) {
+    int rc = TL_OK;
+    if (j->stage_len) rc = pwrite_all(j->fd, j->stage, j->stage_len, j->stage_off, &j->err_no);
+    j->stage_off = j->cursor;
+    j->stage_len = 0;
+    return rc;
+}
+
+static int emit_zeros(write_job *j, uint64_t k) {
+    if ((j->flags & TL_WRITE_SPARSE) && k >= SPARSE_MIN) {
+        int rc = stage_flush(j);
+        j->cursor += k;          /* leave a hole: the new file reads as zeros there */
+        j->stage_off = j->cursor;
+        return rc;
+    }
+    while (k > 0) {
+        if (j->stage_len == STAGE_BYTES) {
+            int rc = stage_flush(j);
+            if (rc) return rc;
+        }
+        uint64_t room = STAGE_BYTES - j->stage_len;
+        uint64_t m = k < room ? k : room;
+        memset(j->stage + j->stage_len, 0, (size_t)m);
+        j->stage_len += m;
+        j->cursor += m;
+        k -= m;
+    }
+    return TL_OK;
+}
+
+static void swap_copy(unsigned char *dst, const unsigned char *src, uint64_t n, uint32_t size) {
+    switch (size) {
+    case 2:
+        for (uint64_t i = 0; i < n; i += 2) {
+            uint16_t v;
+            memcpy(&v, src + i, 2);
+            v = __builtin_bswap16(v);
+            memcpy(dst + i, &v, 2);
+        }
+        break;
+    case 4:
+        for (uint64_t i = 0; i < n; i += 4) {
+            uint32_t v;
+            memcpy(&v, src + i, 4);
+            v = __builtin_bswap32(v);
+            memcpy(dst + i, &v, 4);
+        }
+        break;
+    default:
+        for (uint64_t i = 0; i < n; i += 8) {
+            uint64_t v;
+            memcpy(&v, src + i, 8);
+            v = __builtin_bswap64(v);
+            memcpy(dst + i, &v, 8);
+        }
+        break;
+    }
+}
+
+static int emit_item(write_job *j, tl_write_item *it) {
+    const unsigned char *src = it->src;
+    uint32_t crc = ~0u;
+    int want_crc = j->flags & TL_WRITE_CRC;
+    if (it->length >= DIRECT_MIN && it->swap == 0) {
+        int rc = stage_flush(j);
+        if (rc) return rc;
+        if (want_crc) crc = crc32c_update(crc, src, it->length);
+        rc = pwrite_all(j->fd, src, it->length, j->cursor, &j->err_no);
+        if (rc) return rc;
+        j->cursor += it->length;
+        j->stage_off = j->cursor;
+    } else {
+        uint64_t left = it->length;
+        while (left > 0) {
+            if (j->stage_len == STAGE_BYTES) {
+                int rc = stage_flush(j);
+                if (rc) return rc;
+            }
+            uint64_t room = STAGE_BYTES - j->stage_len;
+            uint64_t m = left < room ? left : room;
+            if (it->swap) m -= m % it->swap; /* whole elements only */
+            if (m == 0) {                    /* room smaller than one element */
+                int rc = stage_flush(j);
+                if (rc) return rc;
+                continue;
+            }
+            unsigned char *dst = j->stage + j->stage_len;
+            if (it->swap) swap_copy(dst, src, m, it->swap);
+            else memcpy(dst, src, (size_t)m);
+            if (want_crc) crc = crc32c_update(crc, dst, m);
+            j->stage_len += m;
+            j->cursor += m;
+            src += m;
+            left -= m;
+        }
+    }
+    it->crc = ~crc;
+    return TL_OK;
+}
+
+static void *write_worker(void *arg) {
+    write_job *j = arg;
+    j->stage = malloc(STAGE_BYTES);
+    if (!j->stage) {
+        j->status = TL_ERR_NOMEM;
+        return NULL;
+    }
+    j->cursor = j->stage_off = j->range_start;
+    j->stage_len = 0;
+    int rc = TL_OK;
+    for (uint64_t i = j->begin; i < j->end && rc == TL_OK; i++) {
+        tl_write_item *it = &j->items[i];
+        rc = emit_zeros(j, it->offset - j->cursor);
+        if (rc == TL_OK) rc = emit_item(j, it);
+    }
+    if (rc == TL_OK) rc = emit_zeros(j, j->range_end - j->cursor);
+    if (rc == TL_OK) rc = stage_flush(j);
+    free(j->stage);
+    j->stage = NULL;
+    j->status = rc;
+    return NULL;
+}
+
+int tl_write_items(int fd, tl_write_item *items, uint64_t n, uint64_t region_start,
+                   uint64_t region_end, int nthreads, int flags, int *err_no) {
+    if (!err_no || (n && !items) || region_end < region_start || region_end > (uint64_t)INT64_MAX)
+        return TL_ERR_ARG;
+    *err_no = 0;
+    /* re-check what the caller promised: sorted, in the region, no overlap, whole elements */
+    uint64_t pos = region_start, total = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        uint64_t end;
+        if (items[i].length && !items[i].src) return TL_ERR_ARG;
+        if (items[i].swap && items[i].swap != 2 && items[i].swap != 4 && items[i].swap != 8)
+            return TL_ERR_ARG;
+        if (items[i].swap && items[i].length % items[i].swap) return TL_ERR_LENGTH;
+        if (items[i].offset < pos) return TL_ERR_OVERLAP;
+        if (__builtin_add_overflow(items[i].offset, items[i].length, &end)) return TL_ERR_OVERFLOW;
+        if (end > region_end) return TL_ERR_BOUNDS;
+        pos = end;
+        total += items[i].length;
+    }
+    int k = clamp_threads(nthreads, total);
+    uint64_t bounds[TL_MAX_THREADS + 1];
+    int groups = partition(n, NULL, items, total, k, bounds);
+    write_job jobs[TL_MAX_THREADS];
+    pthread_t tids[TL_MAX_THREADS];
+    int started[TL_MAX_THREADS];
+    for (int g = 0; g < groups; g++) {
+        uint64_t b = bounds[g], e = bounds[g + 1];
+        jobs[g] = (write_job){.fd = fd, .items = items, .begin = b, .end = e, .flags = flags};
+        jobs[g].range_start = g == 0 ? region_start : items[b].offset;
+        jobs[g].range_end = g == groups - 1 ? region_end : items[e].offset;
+    }
+    for (int g = 1; g < groups; g++)
+        started[g] = pthread_create(&tids[g], NULL, write_worker, &jobs[g]) == 0;
+    write_worker(&jobs[0]);
+    for (int g = 1; g < groups; g++) {
+        if (started[g]) pthread_join(tids[g], NULL);
+        else write_worker(&jobs[g]);
+    }
+    for (int g = 0; g < groups; g++) {
+        if (jobs[g].status != TL_OK) {
+            *err_no = jobs[g].err_no;
+            return jobs[g].status;
+        }
+    }
+    if (flags & TL_WRITE_SPARSE) {
+        /* a hole at the very end does not extend the file: size it explicitly */
+        struct stat st;
+        if (fstat(fd, &st) != 0) {
+            *err_no = errno;
+            return TL_ERR_IO;
+        }
+        if ((uint64_t)st.st_size < region_end && ftruncate(fd, (off_t)region_end) != 0) {
+            *err_no = errno;
+            return TL_ERR_IO;
+        }
+    }
+    if ((flags & TL_WRITE_FSYNC) && fsync(fd) != 0) {
+        *err_no = errno;
+        return TL_ERR_IO;
+    }
+    return TL_OK;
+}
+
+/* ------------------------------------------------------------------- reads */
+
+typedef struct {
+    int fd;
+    unsigned char *dst;
+    uint64_t length, offset;
+    int status, err_no;
+} read_job;
+
+static void *read_worker(void *arg) {
+    read_job *j = arg;
+    j->status = pread_all(j->fd, j->dst, j->length, j->offset, &j->err_no);
+    return NULL;
+}
+
+int tl_pread_full(int fd, void *dst, uint64_t length, uint64_t offset, int nthreads,
+                  int *err_no) {
+    uint64_t end;
+    if (!err_no || (length && !dst)) return TL_ERR_ARG;
+    if (__builtin_add_overflow(offset, length, &end) || end > (uint64_t)INT64_MAX)
+        return TL_ERR_OVERFLOW;
+    *err_no = 0;
+    int k = clamp_threads(nthreads, length);
+    read_job jobs[TL_MAX_THREADS];
+    pthread_t tids[TL_MAX_THREADS];
+    int started[TL_MAX_THREADS];
+    /* contiguous parts rounded to 1 MiB so each thread streams sequentially */
+    uint64_t part = (length / (uint64_t)k + ((uint64_t)1 << 20) - 1) & ~(((uint64_t)1 << 20) - 1);
+    int groups = 0;
+    for (uint64_t pos = 0; pos < length && groups < k; groups++) {
+        uint64_t m = (groups == k - 1 || length - pos < part) ? length - pos : part;
+        jobs[groups] = (read_job){fd, (unsigned char *)dst + pos, m, offset + pos, TL_OK, 0};
+        pos += m;
+    }
+    for (int g = 1; g < groups; g++)
+        started[g] = pthread_create(&tids[g], NULL, read_worker, &jobs[g]) == 0;
+    if (groups > 0) read_worker(&jobs[0]);
+    for (int g = 1; g < groups; g++) {
+        if (started[g]) pthread_join(tids[g], NULL);
+        else read_worker(&jobs[g]);
+    }
+    for (int g = 0; g < groups; g++) {
+        if (jobs[g].status != TL_OK) {
+            *err_no = jobs[g].err_no;
+            return jobs[g].status;
+        }
+    }
+    return TL_OK;
+}
+
+/* ------------------------------------------------------------------ memory */
+
+int tl_alloc(uint64_t length, void **out, int *err_no) {
+    if (!out || !err_no || length == 0 || length > (uint64_t)SIZE_MAX) return TL_ERR_ARG;
+    *err_no = 0;
+    void *p = mmap(NULL, (size_t)length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+        *err_no = errno;
+        return TL_ERR_NOMEM;
+    }
+#ifdef MADV_HUGEPAGE
+    if (length >= ((uint64_t)2 << 20)) (void)madvise(p, (size_t)length, MADV_HUGEPAGE);
+#endif
+    *out = p;
+    return TL_OK;
+}
+
+int tl_free(void *addr, uint64_t length) { return tl_unmap(addr, length); }

@@ -1,0 +1,102 @@
+/*
+ * tensorlist C core: memory mapping, aligned padded writes, parallel reads,
+ * layout checks and CRC32C for the TensorList format (docs/FORMAT.md).
+ *
+ * Conventions (argon2/PyNaCl style):
+ *   - every function returns an int status (TL_OK or a TL_ERR_* code) and
+ *     writes its results through pointers; tl_strerror() names a status;
+ *   - system errors also store errno through an `int *err_no` argument;
+ *   - no Python C-API, no printing, no abort, no mutable static state, so the
+ *     functions are safe to call with the GIL released and from many threads;
+ *   - every offset/length computation is checked 64-bit arithmetic.
+ *
+ * The declarations that cffi sees are in tensorlist_cdef.h (kept in sync by a
+ * test); this header adds the constants' values for C code.
+ */
+#ifndef TENSORLIST_H
+#define TENSORLIST_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Format constants, mirrored in tensorlist/format.py and tested for parity. */
+#define TL_LIST_ALIGNMENT 4096      /* a list's byteOffset is a multiple of this */
+#define TL_MIN_TENSOR_ALIGNMENT 8   /* every tensor starts 8-byte aligned (lamp) */
+#define TL_MAX_THREADS 64
+
+/* Status codes. */
+#define TL_OK 0
+#define TL_ERR_IO 1        /* a system call failed: see *err_no */
+#define TL_ERR_OVERFLOW 2  /* an offset/length computation overflowed 64 bits */
+#define TL_ERR_BOUNDS 3    /* a range ends past its list or file */
+#define TL_ERR_ALIGN 4     /* an offset is not aligned as required */
+#define TL_ERR_OVERLAP 5   /* two non-empty tensors share bytes */
+#define TL_ERR_LENGTH 6    /* a byte length is not a multiple of the item size */
+#define TL_ERR_ARG 7       /* an argument is invalid (NULL, zero item size, ...) */
+#define TL_ERR_NOMEM 8     /* memory allocation failed */
+#define TL_ERR_SHORT 9     /* the file ended before the requested range */
+
+/* What tl_check_layout reports for the tensor it stopped at. */
+typedef struct {
+    int64_t offset;    /* byteOffset relative to the list */
+    int64_t length;    /* byteLength (unpadded) */
+    int64_t itemsize;  /* bytes per element of its dtype */
+} tl_span;
+
+/* One tensor to write (tl_write_items). */
+typedef struct {
+    const void *src;   /* caller's contiguous bytes, native order */
+    uint64_t length;   /* number of bytes */
+    uint64_t offset;   /* absolute file offset */
+    uint32_t swap;     /* 0: copy as is; 2, 4 or 8: byte-swap elements of this size */
+    uint32_t crc;      /* out: CRC32C of the bytes as stored (if TL_WRITE_CRC) */
+} tl_write_item;
+
+#define TL_WRITE_CRC 1    /* compute each item's CRC32C while writing */
+#define TL_WRITE_FSYNC 2  /* fsync the file after writing */
+#define TL_WRITE_SPARSE 4 /* the region reads as zeros already (a new file): long zero runs become holes */
+
+const char *tl_strerror(int status);
+int tl_version(void);
+int tl_constants(int64_t *list_alignment, int64_t *min_tensor_alignment);
+
+/* Checks a list's tensors: alignment (min_alignment and itemsize), length a
+ * multiple of itemsize, offset + length <= list_length without overflow, and
+ * no two non-empty tensors overlapping. On failure *bad is the index of the
+ * first offending tensor and *other the index of the tensor it overlaps (or -1). */
+int tl_check_layout(uint64_t n, const tl_span *spans, int64_t list_length,
+                    int64_t min_alignment, int64_t *bad, int64_t *other);
+
+/* Read-only private mapping of the first `length` bytes of fd. */
+int tl_map_readonly(int fd, uint64_t length, void **addr, int *err_no);
+/* Shared writable mapping of [offset, offset + length) of fd (file already sized);
+ * *data points at offset, the mapping itself starts at the page below. */
+int tl_map_writable(int fd, uint64_t offset, uint64_t length, void **map_addr,
+                    uint64_t *map_length, void **data, int *err_no);
+int tl_unmap(void *addr, uint64_t length);
+int tl_msync(void *addr, uint64_t length, int *err_no);
+
+/* Makes fd exactly `length` bytes long with disk space reserved where the
+ * filesystem supports it (so filling a mapping cannot SIGBUS on ENOSPC). */
+int tl_preallocate(int fd, uint64_t length, int *err_no);
+
+/* Writes items (sorted by offset, non-overlapping) with zero padding so that
+ * [region_start, region_end) is fully written; nthreads parallel writers. */
+int tl_write_items(int fd, tl_write_item *items, uint64_t n, uint64_t region_start,
+                   uint64_t region_end, int nthreads, int flags, int *err_no);
+
+/* Reads [offset, offset + length) of fd into dst with nthreads parallel preads. */
+int tl_pread_full(int fd, void *dst, uint64_t length, uint64_t offset, int nthreads,
+                  int *err_no);
+
+/* Page-aligned anonymous memory (huge pages advised), freed with tl_free. */
+int tl_alloc(uint64_t length, void **out, int *err_no);
+int tl_free(void *addr, uint64_t length);
+
+/* CRC32C (Castagnoli), hardware-accelerated where the CPU allows. */
+uint32_t tl_crc32c(uint32_t crc, const void *data, uint64_t length);
+/* CRC32C of n buffers, in parallel. */
+int tl_crc32c_many(uint64_t n, const void *const *data, const uint64_t *lengths,
+                   uint32_t *out, int nthreads);
+
+#endif

@@ -1,0 +1,53 @@
+/* What cffi sees of csrc/tensorlist.h (cffi's cdef takes no preprocessor
+ * directives). tests/test_lowlevel.py checks that it matches tensorlist.h. */
+#define TL_LIST_ALIGNMENT 4096
+#define TL_MIN_TENSOR_ALIGNMENT 8
+#define TL_MAX_THREADS 64
+#define TL_OK 0
+#define TL_ERR_IO 1
+#define TL_ERR_OVERFLOW 2
+#define TL_ERR_BOUNDS 3
+#define TL_ERR_ALIGN 4
+#define TL_ERR_OVERLAP 5
+#define TL_ERR_LENGTH 6
+#define TL_ERR_ARG 7
+#define TL_ERR_NOMEM 8
+#define TL_ERR_SHORT 9
+#define TL_WRITE_CRC 1
+#define TL_WRITE_FSYNC 2
+#define TL_WRITE_SPARSE 4
+
+typedef struct {
+    int64_t offset;
+    int64_t length;
+    int64_t itemsize;
+} tl_span;
+
+typedef struct {
+    const void *src;
+    uint64_t length;
+    uint64_t offset;
+    uint32_t swap;
+    uint32_t crc;
+} tl_write_item;
+
+const char *tl_strerror(int status);
+int tl_version(void);
+int tl_constants(int64_t *list_alignment, int64_t *min_tensor_alignment);
+int tl_check_layout(uint64_t n, const tl_span *spans, int64_t list_length,
+                    int64_t min_alignment, int64_t *bad, int64_t *other);
+int tl_map_readonly(int fd, uint64_t length, void **addr, int *err_no);
+int tl_map_writable(int fd, uint64_t offset, uint64_t length, void **map_addr,
+                    uint64_t *map_length, void **data, int *err_no);
+int tl_unmap(void *addr, uint64_t length);
+int tl_msync(void *addr, uint64_t length, int *err_no);
+int tl_preallocate(int fd, uint64_t length, int *err_no);
+int tl_write_items(int fd, tl_write_item *items, uint64_t n, uint64_t region_start,
+                   uint64_t region_end, int nthreads, int flags, int *err_no);
+int tl_pread_full(int fd, void *dst, uint64_t length, uint64_t offset, int nthreads,
+                  int *err_no);
+int tl_alloc(uint64_t length, void **out, int *err_no);
+int tl_free(void *addr, uint64_t length);
+uint32_t tl_crc32c(uint32_t crc, const void *data, uint64_t length);
+int tl_crc32c_many(uint64_t n, const void *const *data, const uint64_t *lengths,
+                   uint32_t *out, int nthreads);

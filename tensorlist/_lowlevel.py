@@ -1,0 +1,237 @@
+"""The one module that touches the C core (``tensorlist._core``).
+
+One thin wrapper per C function: arguments become cffi objects, status codes
+become exceptions, and the owners of every buffer handed to C stay alive for
+the whole call. cffi releases the GIL around each call.
+"""
+from __future__ import annotations
+
+import os
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ._core import ffi, lib
+
+__all__ = [
+    "LIST_ALIGNMENT",
+    "MIN_TENSOR_ALIGNMENT",
+    "STATUS_NAMES",
+    "check_layout",
+    "map_readonly",
+    "map_writable",
+    "preallocate",
+    "write_items",
+    "pread_into",
+    "alloc",
+    "crc32c",
+    "crc32c_many",
+    "default_threads",
+]
+
+LIST_ALIGNMENT = int(lib.TL_LIST_ALIGNMENT)
+MIN_TENSOR_ALIGNMENT = int(lib.TL_MIN_TENSOR_ALIGNMENT)
+
+STATUS_NAMES = {
+    lib.TL_OK: "ok",
+    lib.TL_ERR_IO: "io",
+    lib.TL_ERR_OVERFLOW: "overflow",
+    lib.TL_ERR_BOUNDS: "bounds",
+    lib.TL_ERR_ALIGN: "align",
+    lib.TL_ERR_OVERLAP: "overlap",
+    lib.TL_ERR_LENGTH: "length",
+    lib.TL_ERR_ARG: "arg",
+    lib.TL_ERR_NOMEM: "nomem",
+    lib.TL_ERR_SHORT: "short",
+}
+
+# The numpy mirror of the C structs; sizes are checked against cffi at import.
+SPAN_DTYPE = np.dtype([("offset", "<i8"), ("length", "<i8"), ("itemsize", "<i8")])
+ITEM_DTYPE = np.dtype(
+    [("src", "<u8"), ("length", "<u8"), ("offset", "<u8"), ("swap", "<u4"), ("crc", "<u4")]
+)
+if ffi.sizeof("tl_span") != SPAN_DTYPE.itemsize or ffi.sizeof("tl_write_item") != ITEM_DTYPE.itemsize:
+    raise ImportError("tensorlist._core was built with a different struct layout; rebuild the package")
+
+
+def default_threads() -> int:
+    """Threads for parallel I/O: the usable cores, at most 8 (C lowers it for small jobs)."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    return max(1, min(n, 8))
+
+
+def _raise(status: int, err_no: int, what: str, path: Optional[str] = None):
+    if status == lib.TL_ERR_IO:
+        raise OSError(err_no, f"{what}: {os.strerror(err_no)}", path)
+    if status == lib.TL_ERR_NOMEM:
+        raise MemoryError(f"{what}: out of memory")
+    if status == lib.TL_ERR_SHORT:
+        raise EOFError(f"{what}: {ffi.string(lib.tl_strerror(status)).decode()}")
+    raise ValueError(f"{what}: {ffi.string(lib.tl_strerror(status)).decode()}")
+
+
+def check_layout(spans: np.ndarray, list_length: int, min_alignment: int) -> Tuple[int, int, int]:
+    """Runs the C layout check over a SPAN_DTYPE array.
+
+    Returns:
+        (status, bad_index, other_index); status is a TL_* code, 0 when the layout is sound.
+    """
+    spans = np.ascontiguousarray(spans, dtype=SPAN_DTYPE)
+    bad = ffi.new("int64_t *")
+    other = ffi.new("int64_t *")
+    cspans = ffi.from_buffer("tl_span[]", spans) if len(spans) else ffi.NULL
+    status = lib.tl_check_layout(len(spans), cspans, list_length, min_alignment, bad, other)
+    if status == lib.TL_ERR_ARG or status == lib.TL_ERR_NOMEM:
+        _raise(status, 0, "layout check")
+    return int(status), int(bad[0]), int(other[0])
+
+
+def map_readonly(fd: int, length: int, path: Optional[str] = None) -> memoryview:
+    """Maps the first ``length`` bytes of ``fd`` read-only (MAP_PRIVATE).
+
+    Returns a read-only memoryview; the mapping is released when the last view
+    of it (every numpy array made from it included) is garbage-collected.
+    """
+    addr = ffi.new("void **")
+    err = ffi.new("int *")
+    status = lib.tl_map_readonly(fd, length, addr, err)
+    if status:
+        _raise(status, err[0], "mmap", path)
+    owner = ffi.gc(ffi.cast("char *", addr[0]), lambda p, n=length: lib.tl_unmap(p, n), size=length)
+    # ffi.buffer keeps `owner` alive; toreadonly() stops numpy from ever writing
+    # into the PROT_READ pages (which would kill the process).
+    return memoryview(ffi.buffer(owner, length)).toreadonly()
+
+
+def map_writable(fd: int, offset: int, length: int, path: Optional[str] = None):
+    """Maps ``[offset, offset + length)`` of ``fd`` shared and writable.
+
+    Returns:
+        (memoryview over exactly that range, sync) where ``sync()`` msyncs it.
+    """
+    map_addr = ffi.new("void **")
+    map_len = ffi.new("uint64_t *")
+    data = ffi.new("void **")
+    err = ffi.new("int *")
+    status = lib.tl_map_writable(fd, offset, length, map_addr, map_len, data, err)
+    if status:
+        _raise(status, err[0], "mmap", path)
+    span = int(map_len[0])
+    owner = ffi.gc(ffi.cast("char *", map_addr[0]), lambda p, n=span: lib.tl_unmap(p, n), size=span)
+    delta = int(ffi.cast("uintptr_t", data[0])) - int(ffi.cast("uintptr_t", map_addr[0]))
+    whole = ffi.buffer(owner, span)
+
+    def sync() -> None:
+        e = ffi.new("int *")
+        st = lib.tl_msync(owner, span, e)
+        if st:
+            _raise(st, e[0], "msync", path)
+
+    return memoryview(whole)[delta : delta + length], sync
+
+
+def preallocate(fd: int, length: int, path: Optional[str] = None) -> None:
+    """Sizes the file to ``length`` bytes, reserving disk space where possible."""
+    err = ffi.new("int *")
+    status = lib.tl_preallocate(fd, length, err)
+    if status:
+        _raise(status, err[0], "preallocate", path)
+
+
+def write_items(
+    fd: int,
+    buffers: Sequence[np.ndarray],
+    offsets: Sequence[int],
+    swaps: Sequence[int],
+    region_start: int,
+    region_end: int,
+    *,
+    crc: bool,
+    fsync: bool,
+    sparse: bool,
+    threads: Optional[int] = None,
+    path: Optional[str] = None,
+) -> Optional[List[int]]:
+    """Writes C-contiguous arrays at absolute file offsets with zero padding.
+
+    Safety: ``buffers`` must stay alive and unmodified during the call; they
+    are read in place (no copy), except small ones, which are gathered into a
+    staging buffer, and byte-swapped ones, which are swapped into it.
+
+    Returns:
+        The CRC32C of each item's stored bytes when ``crc``; else None.
+    """
+    n = len(buffers)
+    items = np.zeros(n, dtype=ITEM_DTYPE)
+    if n:
+        items["src"] = [b.__array_interface__["data"][0] for b in buffers]
+        items["length"] = [b.nbytes for b in buffers]
+        items["offset"] = offsets
+        items["swap"] = swaps
+    flags = (lib.TL_WRITE_CRC if crc else 0) | (lib.TL_WRITE_FSYNC if fsync else 0)
+    flags |= lib.TL_WRITE_SPARSE if sparse else 0
+    err = ffi.new("int *")
+    citems = ffi.from_buffer("tl_write_item[]", items) if n else ffi.NULL
+    status = lib.tl_write_items(
+        fd, citems, n, region_start, region_end, threads or default_threads(), flags, err
+    )
+    if status:
+        _raise(status, err[0], "write", path)
+    return items["crc"].tolist() if crc else None
+
+
+def pread_into(fd: int, dst, offset: int, threads: Optional[int] = None, path: Optional[str] = None) -> None:
+    """Fills the writable buffer ``dst`` from ``fd`` at ``offset`` with parallel preads.
+
+    Raises:
+        EOFError: the file ends before ``offset + len(dst)``.
+    """
+    cdst = ffi.from_buffer(dst, require_writable=True)
+    n = len(cdst)
+    if n == 0:
+        return
+    err = ffi.new("int *")
+    status = lib.tl_pread_full(fd, cdst, n, offset, threads or default_threads(), err)
+    if status:
+        _raise(status, err[0], "read", path)
+
+
+def alloc(length: int) -> np.ndarray:
+    """A writable uint8 array of ``length`` bytes in fresh page-aligned memory.
+
+    Large requests use anonymous mmap with transparent huge pages advised,
+    which makes first touch several times cheaper than malloc'd pages.
+    """
+    if length < (2 << 20):
+        return np.empty(length, dtype=np.uint8)
+    out = ffi.new("void **")
+    err = ffi.new("int *")
+    status = lib.tl_alloc(length, out, err)
+    if status:
+        _raise(status, err[0], "alloc")
+    owner = ffi.gc(ffi.cast("char *", out[0]), lambda p, n=length: lib.tl_free(p, n), size=length)
+    return np.frombuffer(ffi.buffer(owner, length), dtype=np.uint8)
+
+
+def crc32c(data, crc: int = 0) -> int:
+    """CRC32C of a buffer (bytes, memoryview or contiguous array), continuing ``crc``."""
+    buf = ffi.from_buffer(data)
+    return int(lib.tl_crc32c(crc, buf, len(buf)))
+
+
+def crc32c_many(buffers: Sequence, threads: Optional[int] = None) -> List[int]:
+    """CRC32C of each buffer, computed in parallel with the GIL released."""
+    n = len(buffers)
+    if n == 0:
+        return []
+    keep = [ffi.from_buffer(b) for b in buffers]
+    ptrs = ffi.new("const void *[]", keep)
+    lengths = ffi.new("uint64_t[]", [len(k) for k in keep])
+    out = ffi.new("uint32_t[]", n)
+    status = lib.tl_crc32c_many(n, ptrs, lengths, out, threads or default_threads())
+    if status:
+        _raise(status, 0, "crc32c")
+    return list(out)

@@ -1,0 +1,71 @@
+"""The one exception tree of tensorlist.
+
+Every problem with a file's content is a :class:`FormatError` (also a
+``ValueError``), whose message names the file, the tensor (index and name) and
+the field, and carries them as attributes for programs.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+__all__ = ["TensorListError", "FormatError", "ChecksumError"]
+
+
+class TensorListError(Exception):
+    """Base class of every error tensorlist raises on purpose."""
+
+
+class FormatError(TensorListError, ValueError):
+    """A descriptor or data file breaks the format (see docs/FORMAT.md).
+
+    Attributes:
+        file: the descriptor (or data) file involved, or None for in-memory input.
+        tensor_index: index of the offending tensor in its list, or None.
+        tensor_name: the offending tensor's name, or None.
+        field: the JSON field (or JSON pointer) at fault, or None.
+        reason: the bare explanation, without the location prefix.
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        file: Optional[str] = None,
+        tensor_index: Optional[int] = None,
+        tensor_name: Optional[str] = None,
+        field: Optional[str] = None,
+    ) -> None:
+        self.reason = reason
+        self.file = file
+        self.tensor_index = tensor_index
+        self.tensor_name = tensor_name
+        self.field = field
+        super().__init__(self._compose())
+
+    def _compose(self) -> str:
+        where = []
+        if self.file is not None:
+            where.append(str(self.file))
+        if self.tensor_index is not None:
+            if self.tensor_name is not None:
+                where.append(f"tensor {self.tensor_index} ({self.tensor_name!r})")
+            else:
+                where.append(f"tensor {self.tensor_index}")
+        if self.field is not None:
+            where.append(f"field {self.field!r}")
+        prefix = ": ".join(where)
+        return f"{prefix}: {self.reason}" if prefix else self.reason
+
+    def __reduce__(self):  # keep the keyword attributes through pickling
+        return (
+            _rebuild_format_error,
+            (type(self), self.reason, self.file, self.tensor_index, self.tensor_name, self.field),
+        )
+
+
+def _rebuild_format_error(cls, reason, file, tensor_index, tensor_name, field):
+    return cls(reason, file=file, tensor_index=tensor_index, tensor_name=tensor_name, field=field)
+
+
+class ChecksumError(FormatError):
+    """A tensor's bytes do not match the CRC32C stored in its descriptor."""
