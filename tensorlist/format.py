@@ -1,0 +1,359 @@
+"""The TensorList descriptor: named constants, parsed types, and the validator.
+
+The rules are those of docs/FORMAT.md, checked in one fixed order that stops
+at the first failure: size cap, strict JSON, the type of every field, then the
+cross-field checks (dtype known, dims x itemsize = byteLength, alignment,
+bounds, overlap: the last ones in C with checked 64-bit arithmetic), names,
+location, and finally the data file's size. Every failure is a FormatError
+naming the file, the tensor (index and name) and the field.
+"""
+from __future__ import annotations
+
+import math
+import os
+import posixpath
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+
+import numpy as np
+
+from . import _dtypes, _lowlevel
+from ._jsonio import loads_strict, walk
+from .errors import FormatError
+
+__all__ = [
+    "FORMAT_VERSION",
+    "LIST_ALIGNMENT",
+    "MIN_TENSOR_ALIGNMENT",
+    "DEFAULT_ALIGNMENT",
+    "MAX_ALIGNMENT",
+    "MAX_DESCRIPTOR_BYTES",
+    "MAX_TENSORS",
+    "MAX_INT",
+    "Limits",
+    "TensorInfo",
+    "ListDescriptor",
+    "parse_list",
+    "is_tensor_list",
+    "find_tensor_lists",
+    "read_json_file",
+    "check_location",
+]
+
+#: Version of the tensorlist extensions; written as ``formatVersion``. Files
+#: without the key are plain lamp files (version 0 rules).
+FORMAT_VERSION = 1
+#: A list's ``byteOffset`` is a multiple of this (lamp asserts it; a page on most systems).
+LIST_ALIGNMENT = _lowlevel.LIST_ALIGNMENT
+#: Every tensor starts at a multiple of 8 bytes from its list's start (lamp's padding).
+MIN_TENSOR_ALIGNMENT = _lowlevel.MIN_TENSOR_ALIGNMENT
+#: tensorlist's own default: 64 bytes, a cache line and enough for AVX-512 loads.
+DEFAULT_ALIGNMENT = 64
+#: Largest tensor alignment a writer accepts (1 MiB; padding beyond that is waste).
+MAX_ALIGNMENT = 1 << 20
+#: Descriptors larger than this are refused before parsing (a policy limit the
+#: caller can raise): JSON parsing costs far more memory than the text, and a
+#: million named tensors fit in about 100 MB.
+MAX_DESCRIPTOR_BYTES = 256 << 20
+#: Tensor-count limit per list (policy, raisable): bounds the work and memory a
+#: hostile descriptor can demand before any data is read.
+MAX_TENSORS = 10_000_000
+#: Largest offset or length: JSON integers must fit a signed 64-bit value (lamp's Long).
+MAX_INT = (1 << 63) - 1
+
+
+class Limits(NamedTuple):
+    """Policy limits applied while reading; raise them for unusual files."""
+
+    max_descriptor_bytes: int = MAX_DESCRIPTOR_BYTES
+    max_tensors: int = MAX_TENSORS
+
+
+class TensorInfo(NamedTuple):
+    """One tensor of a list, as described (offsets relative to the list's start).
+
+    Attributes:
+        index: position in the list.
+        name: the tensor's name, or None in a positional (lamp) list.
+        dtype: the dtype table row (``dtype.numpy``, ``dtype.code``, ``dtype.name``).
+        shape: the dims; ``()`` for a scalar.
+        byte_offset: start, relative to the list's ``byteOffset``.
+        byte_length: unpadded length in bytes.
+        crc32c: CRC32C of the stored bytes, or None when not recorded.
+    """
+
+    index: int
+    name: Optional[str]
+    dtype: _dtypes.DType
+    shape: Tuple[int, ...]
+    byte_offset: int
+    byte_length: int
+    crc32c: Optional[int]
+
+    @property
+    def key(self) -> str:
+        """The key under which ``load`` returns it: the name, or the index as a string."""
+        return self.name if self.name is not None else str(self.index)
+
+
+class ListDescriptor(NamedTuple):
+    """A parsed and validated TensorList.
+
+    Attributes:
+        location: the data file, relative to ``base_dir``.
+        byte_offset: where the list's region starts in the data file.
+        byte_length: the region's length (padding included).
+        tensors: the tensors, in order.
+        metadata: the list-level ``metadata`` value (any JSON), or None.
+        version: ``formatVersion``, or None for a plain lamp descriptor.
+        file: the JSON document the descriptor came from, or None.
+        pointer: the descriptor's JSON pointer inside that document.
+        base_dir: the directory ``location`` is resolved against, or None.
+        raw: the descriptor's JSON object as parsed.
+    """
+
+    location: str
+    byte_offset: int
+    byte_length: int
+    tensors: Tuple[TensorInfo, ...]
+    metadata: Any
+    version: Optional[int]
+    file: Optional[str]
+    pointer: str
+    base_dir: Optional[str]
+    raw: Dict[str, Any]
+
+    @property
+    def data_path(self) -> Optional[str]:
+        """Absolute path of the data file, or None when there is no base directory."""
+        if self.base_dir is None:
+            return None
+        return os.path.join(self.base_dir, *self.location.split("/"))
+
+    def keys(self) -> List[str]:
+        return [t.key for t in self.tensors]
+
+
+def _is_int(v) -> bool:
+    return type(v) is int  # bool is an int subclass; JSON true is not a number
+
+
+def is_tensor_list(obj: Any) -> bool:
+    """Whether ``obj`` looks like a TensorList object (has location/byteOffset/byteLength)."""
+    return (
+        isinstance(obj, dict)
+        and isinstance(obj.get("location"), str)
+        and _is_int(obj.get("byteOffset"))
+        and _is_int(obj.get("byteLength"))
+    )
+
+
+def find_tensor_lists(doc: Any) -> List[str]:
+    """JSON pointers of every TensorList embedded in ``doc`` (outermost only)."""
+    found: List[str] = []
+    for ptr, node in walk(doc):
+        if is_tensor_list(node) and not any(ptr.startswith(p + "/") for p in found):
+            found.append(ptr)
+    return found
+
+
+def read_json_file(path, limits: Limits = Limits()) -> Any:
+    """Reads and strictly parses a JSON document, refusing it above the size cap."""
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > limits.max_descriptor_bytes:
+                raise FormatError(
+                    f"descriptor is {size} bytes, above the limit of {limits.max_descriptor_bytes} "
+                    "(raise it with max_descriptor_bytes=)",
+                    file=path,
+                )
+            text = f.read(limits.max_descriptor_bytes + 1)
+    except IsADirectoryError as e:
+        raise FormatError("is a directory, not a JSON descriptor", file=path) from e
+    if len(text) > limits.max_descriptor_bytes:  # grew while we read
+        raise FormatError(f"descriptor is above the limit of {limits.max_descriptor_bytes} bytes", file=path)
+    return loads_strict(text, file=path)
+
+
+def check_location(location: str, *, file=None, field="location", allow_outside=False) -> None:
+    """Refuses a location that is absolute or climbs out of the document's directory."""
+    if location == "" or "\x00" in location:
+        raise FormatError(f"must be a non-empty relative POSIX path without NUL, got {location!r}",
+                          file=file, field=field)
+    if allow_outside:
+        return
+    if location.startswith("/") or "\\" in location or (len(location) > 1 and location[1] == ":"):
+        raise FormatError(
+            f"absolute or non-POSIX path {location!r} refused (pass allow_outside=True to trust it)",
+            file=file, field=field)
+    norm = posixpath.normpath(location)
+    if norm == ".." or norm.startswith("../") or norm == ".":
+        raise FormatError(
+            f"{location!r} escapes the descriptor's directory (pass allow_outside=True to trust it)",
+            file=file, field=field)
+
+
+_LAYOUT_REASONS = {
+    "align": "is not aligned",
+    "length": "is not a multiple of the dtype's item size",
+    "overflow": "byteOffset + byteLength overflows 64 bits",
+    "bounds": "ends past the list's byteLength",
+}
+
+
+def parse_list(
+    obj: Any,
+    *,
+    file: Optional[str] = None,
+    pointer: str = "",
+    base_dir: Optional[str] = None,
+    allow_outside: bool = False,
+    limits: Limits = Limits(),
+) -> ListDescriptor:
+    """Checks a parsed TensorList object and returns its typed form.
+
+    This is the fast validator used by ``load`` and ``open``; ``validate``
+    runs the JSON Schema first and then this.
+
+    Raises:
+        FormatError: at the first rule broken (see docs/FORMAT.md).
+    """
+    ctx = f"{pointer} " if pointer else ""
+
+    def fail(reason, field=None, index=None, name=None):
+        fld = f"{pointer}/{field}" if (pointer and field) else field
+        raise FormatError(reason, file=file, tensor_index=index, tensor_name=name, field=fld)
+
+    if not isinstance(obj, dict):
+        fail(f"{ctx}a TensorList must be a JSON object, got {type(obj).__name__}")
+    for key in ("location", "byteOffset", "byteLength"):
+        if key not in obj:
+            fail("missing required field", key)
+    location = obj["location"]
+    if not isinstance(location, str):
+        fail(f"must be a string, got {location!r}", "location")
+    check_location(location, file=file, field=f"{pointer}/location" if pointer else "location",
+                   allow_outside=allow_outside)
+    list_offset, list_length = obj["byteOffset"], obj["byteLength"]
+    for key, v in (("byteOffset", list_offset), ("byteLength", list_length)):
+        if not _is_int(v) or v < 0 or v > MAX_INT:
+            fail(f"must be an integer in [0, 2**63), got {v!r}", key)
+    if list_offset % LIST_ALIGNMENT:
+        fail(f"must be a multiple of {LIST_ALIGNMENT}, got {list_offset}", "byteOffset")
+    if list_offset + list_length > MAX_INT:
+        fail("byteOffset + byteLength overflows 64 bits", "byteLength")
+    version = obj.get("formatVersion")
+    if version is not None and (not _is_int(version) or not 1 <= version <= FORMAT_VERSION):
+        fail(f"unsupported format version {version!r} (this reader knows 1..{FORMAT_VERSION})",
+             "formatVersion")
+    tensors = obj.get("tensors", [])
+    if not isinstance(tensors, list):
+        fail(f"must be an array, got {type(tensors).__name__}", "tensors")
+    if len(tensors) > limits.max_tensors:
+        fail(f"{len(tensors)} tensors, above the limit of {limits.max_tensors} (raise it with max_tensors=)",
+             "tensors")
+
+    from_code = _dtypes.from_code
+    infos: List[TensorInfo] = []
+    append = infos.append
+    spans = np.empty(len(tensors), dtype=_lowlevel.SPAN_DTYPE)
+    offsets, lengths, itemsizes = [], [], []
+    names_seen: Dict[str, int] = {}
+    named = None
+    for i, t in enumerate(tensors):
+        if type(t) is not dict:
+            fail(f"must be a JSON object, got {type(t).__name__}", f"tensors/{i}", i)
+        name = t.get("name")
+        if name is not None and type(name) is not str:
+            fail(f"must be a string, got {name!r}", "name", i)
+        if named is None:
+            named = name is not None
+        elif named != (name is not None):
+            fail("either every tensor of a list has a name or none has", "name", i, name)
+        if name is not None:
+            if name in names_seen:
+                fail(f"duplicate name (also tensor {names_seen[name]})", "name", i, name)
+            names_seen[name] = i
+        code = t.get("dataType")
+        if code is None:
+            fail("missing required field", "dataType", i, name)
+        if not _is_int(code):
+            fail(f"must be an integer, got {code!r}", "dataType", i, name)
+        dt = from_code(code)
+        if dt is None:
+            what = _dtypes.UNSUPPORTED_CODES.get(code)
+            fail(f"dtype code {code} ({what}) has no numpy representation" if what
+                 else f"unknown dtype code {code}", "dataType", i, name)
+        off = t.get("byteOffset")
+        ln = t.get("byteLength")
+        if off is None:
+            fail("missing required field", "byteOffset", i, name)
+        if ln is None:
+            fail("missing required field", "byteLength", i, name)
+        if not _is_int(off) or off < 0 or off > MAX_INT:
+            fail(f"must be an integer in [0, 2**63), got {off!r}", "byteOffset", i, name)
+        if not _is_int(ln) or ln < 0 or ln > MAX_INT:
+            fail(f"must be an integer in [0, 2**63), got {ln!r}", "byteLength", i, name)
+        dims = t.get("dims", ())
+        if type(dims) is not list and dims != ():
+            fail(f"must be an array of non-negative integers, got {dims!r}", "dims", i, name)
+        for d in dims:
+            if not _is_int(d) or d < 0 or d > MAX_INT:
+                fail(f"must be an array of non-negative integers, got {dims!r}", "dims", i, name)
+        if math.prod(dims) * dt.itemsize != ln:
+            fail(f"dims {list(dims)} x {dt.itemsize} bytes ({dt.name}) = {math.prod(dims) * dt.itemsize}, "
+                 f"but byteLength is {ln}", "byteLength", i, name)
+        crc = t.get("crc32c")
+        if crc is not None and (not _is_int(crc) or not 0 <= crc <= 0xFFFFFFFF):
+            fail(f"must be an unsigned 32-bit integer, got {crc!r}", "crc32c", i, name)
+        offsets.append(off)
+        lengths.append(ln)
+        itemsizes.append(dt.itemsize)
+        append(TensorInfo(i, name, dt, tuple(dims), off, ln, crc))
+
+    if tensors:
+        spans["offset"] = offsets
+        spans["length"] = lengths
+        spans["itemsize"] = itemsizes
+        status, bad, other = _lowlevel.check_layout(spans, list_length, MIN_TENSOR_ALIGNMENT)
+        if status:
+            kind = _lowlevel.STATUS_NAMES[status]
+            t = infos[bad]
+            if kind == "overlap":
+                o = infos[other]
+                fail(f"bytes [{t.byte_offset}, {t.byte_offset + t.byte_length}) overlap tensor {other}"
+                     + (f" ({o.name!r})" if o.name is not None else "")
+                     + f" at [{o.byte_offset}, {o.byte_offset + o.byte_length})", "byteOffset", bad, t.name)
+            if kind == "align":
+                fail(f"{t.byte_offset} is not a multiple of {MIN_TENSOR_ALIGNMENT} and of the item size "
+                     f"{t.dtype.itemsize}", "byteOffset", bad, t.name)
+            if kind == "bounds":
+                fail(f"tensor ends at {t.byte_offset + t.byte_length}, past the list's byteLength "
+                     f"{list_length}", "byteLength", bad, t.name)
+            fail(_LAYOUT_REASONS.get(kind, kind), "byteOffset", bad, t.name)
+
+    return ListDescriptor(
+        location=location,
+        byte_offset=list_offset,
+        byte_length=list_length,
+        tensors=tuple(infos),
+        metadata=obj.get("metadata"),
+        version=version,
+        file=file,
+        pointer=pointer,
+        base_dir=base_dir,
+        raw=obj,
+    )
+
+
+def check_data_size(desc: ListDescriptor, size: int, data_path: str) -> None:
+    """Refuses a data file too short for the list's region (truncated or wrong file)."""
+    end = desc.byte_offset + desc.byte_length
+    if size < end:
+        raise FormatError(
+            f"data file {data_path!r} is {size} bytes but the list needs [{desc.byte_offset}, {end}) "
+            "(truncated or replaced?)",
+            file=desc.file,
+            field=f"{desc.pointer}/byteLength" if desc.pointer else "byteLength",
+        )

@@ -1,0 +1,135 @@
+"""JSON Schemas shipped with the package, and ``validate``.
+
+The schema files live in the installed package ``tensorlist.schemas`` (the
+repository's top-level ``schemas/`` directory).
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+from importlib import resources
+from typing import Any, Dict, List, Optional
+
+from ._jsonio import loads_strict, resolve_pointer
+from .errors import FormatError
+from .format import Limits, ListDescriptor, find_tensor_lists, parse_list, read_json_file
+
+__all__ = ["load_schema", "schema_validator", "validate"]
+
+TENSORLIST_SCHEMA = "tensorlist.schema.json"
+
+
+@functools.lru_cache(maxsize=None)
+def _schema_text(name: str) -> str:
+    return (resources.files("tensorlist.schemas") / name).read_text(encoding="utf-8")
+
+
+def load_schema(name: str = TENSORLIST_SCHEMA) -> Dict[str, Any]:
+    """A shipped JSON Schema, parsed (a fresh copy each call)."""
+    return json.loads(_schema_text(name))
+
+
+@functools.lru_cache(maxsize=None)
+def schema_validator(name: str = TENSORLIST_SCHEMA):
+    """A cached ``jsonschema.Draft202012Validator`` for a shipped schema."""
+    import jsonschema
+
+    schema = load_schema(name)
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema)
+
+
+def _schema_check(obj: Any, file: Optional[str], pointer: str) -> None:
+    errors = sorted(schema_validator().iter_errors(obj), key=lambda e: (list(e.absolute_path), e.message))
+    if not errors:
+        return
+    e = errors[0]
+    path = list(e.absolute_path)
+    index = name = None
+    if len(path) >= 2 and path[0] == "tensors" and isinstance(path[1], int):
+        index = path[1]
+        t = obj["tensors"][index]
+        name = t.get("name") if isinstance(t, dict) and isinstance(t.get("name"), str) else None
+        field = "/".join(str(p) for p in path[2:]) or None
+    else:
+        field = "/".join(str(p) for p in path) or None
+    if field is not None and pointer:
+        field = f"{pointer}/{field}"
+    msg = e.message if len(e.message) <= 200 else e.message[:200] + "..."
+    raise FormatError(f"schema: {msg}", file=file, tensor_index=index, tensor_name=name, field=field)
+
+
+def validate(obj, *, pointer: Optional[str] = None, base_dir=None, check_data: bool = True,
+             verify: bool = False, allow_outside: bool = False,
+             max_descriptor_bytes: Optional[int] = None, max_tensors: Optional[int] = None
+             ) -> List[ListDescriptor]:
+    """Validates TensorList descriptors: the JSON Schema, then every semantic rule.
+
+    Args:
+        obj: a path to a JSON document, a JSON string, or a parsed dict.
+        pointer: RFC 6901 pointer to one TensorList in a bigger document. Without
+            it, the document itself must be a TensorList, or every TensorList
+            embedded in it is validated.
+        base_dir: directory ``location`` is resolved against (default: the
+            document's directory; for a string or dict, none, so the data file
+            is not checked unless this is given).
+        check_data: check that the data file exists and is large enough.
+        verify: also check the stored CRC32C checksums against the data.
+        allow_outside: accept a ``location`` that is absolute or leaves the directory.
+
+    Returns:
+        The validated descriptors, one per TensorList (each knows its pointer).
+
+    Raises:
+        FormatError: naming the file, the tensor (index and name) and the field.
+    """
+    limits = Limits(max_descriptor_bytes or Limits().max_descriptor_bytes, max_tensors or Limits().max_tensors)
+    file = None
+    if isinstance(obj, (dict, list)):
+        doc = obj
+    elif isinstance(obj, str) and obj.lstrip()[:1] in ("{", "["):
+        doc = loads_strict(obj)
+    elif isinstance(obj, (str, os.PathLike)):
+        file = os.fspath(obj)
+        doc = read_json_file(file, limits)
+        if base_dir is None:
+            base_dir = os.path.dirname(os.path.abspath(file))
+    else:
+        raise TypeError(f"validate() takes a path, a JSON string or a dict, not {type(obj).__name__}")
+    if pointer is not None:
+        targets = [pointer]
+    elif isinstance(doc, dict) and any(k in doc for k in ("tensors", "location", "byteOffset", "byteLength")):
+        targets = [""]
+    else:
+        targets = find_tensor_lists(doc)
+        if not targets:
+            raise FormatError("is not a TensorList descriptor and embeds none", file=file)
+    base = os.fspath(base_dir) if base_dir is not None else None
+    out = []
+    for ptr in targets:
+        node = resolve_pointer(doc, ptr, file=file)
+        _schema_check(node, file, ptr)
+        desc = parse_list(node, file=file, pointer=ptr, base_dir=base, allow_outside=allow_outside,
+                          limits=limits)
+        if base is not None and (check_data or verify) and desc.byte_length > 0:
+            _check_data(desc, verify)
+        out.append(desc)
+    return out
+
+
+def _check_data(desc: ListDescriptor, verify: bool) -> None:
+    from .reader import _Data, _verify
+
+    field = f"{desc.pointer}/location" if desc.pointer else "location"
+    try:
+        data = _Data(desc, use_mmap=True)
+    except FileNotFoundError as e:
+        raise FormatError(f"data file {desc.data_path!r} does not exist", file=desc.file, field=field) from e
+    except IsADirectoryError as e:
+        raise FormatError(f"data file {desc.data_path!r} is a directory", file=desc.file, field=field) from e
+    try:
+        if verify:
+            _verify(data, desc.tensors)
+    finally:
+        data.close()

@@ -1,0 +1,663 @@
+"""Writing: ``save``, the streaming :class:`Writer`, ``write_data`` and ``save_document``.
+
+Every save follows one protocol (docs/FORMAT.md, "Atomic replacement"):
+
+1. the data goes to a temporary file in the target directory, written by the
+   C core straight from the caller's buffers, then fsynced and renamed to a
+   name no other save uses (``<name>.<random>.data``);
+2. the descriptor goes to a temporary file, fsynced, and renamed over the
+   target path (the commit point), then the directory is fsynced;
+3. the data file the old descriptor referenced is removed.
+
+Whenever the process dies, the target path names either the old descriptor
+(whose data file is still there) or the new one (whose data is complete).
+lamp mode writes lamp's fixed name ``<name>.data`` instead, so it has a short
+window, between the two renames, in which a crash pairs the old descriptor
+with the new data; the docs say so.
+"""
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import sys
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from . import _dtypes, _lowlevel
+from ._jsonio import dumps, dumps_lamp, escape_pointer, walk
+from .format import (
+    DEFAULT_ALIGNMENT,
+    FORMAT_VERSION,
+    LIST_ALIGNMENT,
+    MAX_ALIGNMENT,
+    MIN_TENSOR_ALIGNMENT,
+    find_tensor_lists,
+    read_json_file,
+)
+
+__all__ = ["save", "Writer", "Tensors", "write_data", "save_document"]
+
+_LITTLE_HOST = sys.byteorder == "little"
+
+
+def _align(n: int, a: int) -> int:
+    return (n + a - 1) // a * a
+
+
+def _check_alignment(alignment: int) -> int:
+    if (not isinstance(alignment, int) or isinstance(alignment, bool) or alignment < MIN_TENSOR_ALIGNMENT
+            or alignment > MAX_ALIGNMENT or alignment & (alignment - 1)):
+        raise ValueError(f"alignment must be a power of two in [{MIN_TENSOR_ALIGNMENT}, {MAX_ALIGNMENT}], "
+                         f"got {alignment!r}")
+    return alignment
+
+
+def _as_array(value, where: str) -> np.ndarray:
+    if isinstance(value, np.ndarray):
+        arr = value
+    else:
+        try:
+            arr = np.asarray(value)
+        except Exception as e:  # e.g. a torch bfloat16 tensor: use tensorlist.torch
+            raise TypeError(f"{where}: cannot convert {type(value).__name__} to a numpy array ({e})") from e
+    if arr.dtype.hasobject or arr.dtype.fields is not None:
+        raise TypeError(f"{where}: dtype {arr.dtype} cannot be stored (no tensorlist dataType code)")
+    return arr
+
+
+class _Item:
+    """One tensor ready to write: contiguous bytes, dtype row, byte-swap size."""
+
+    __slots__ = ("name", "array", "dtype", "swap", "shape")
+
+    def __init__(self, name: Optional[str], value, where: str):
+        arr = _as_array(value, where)
+        try:
+            self.dtype = _dtypes.from_numpy(arr.dtype)
+        except TypeError as e:
+            raise TypeError(f"{where}: {e}") from None
+        if not arr.flags.c_contiguous:
+            arr = np.ascontiguousarray(arr)  # the one copy: the format stores C order
+        order = arr.dtype.byteorder
+        little = order == "<" or order == "|" or (order == "=" and _LITTLE_HOST)
+        size = arr.dtype.itemsize // (2 if arr.dtype.kind == "c" else 1)
+        self.swap = 0 if little or size == 1 else size
+        self.name = name
+        self.shape = tuple(int(d) for d in arr.shape)
+        self.array = arr
+
+    @property
+    def nbytes(self) -> int:
+        return self.array.nbytes
+
+
+def _items(tensors, where: str) -> Tuple[List[_Item], bool]:
+    """Prepared items and whether they are named (mapping) or positional (sequence)."""
+    if isinstance(tensors, Mapping):
+        items = []
+        for k, v in tensors.items():
+            if not isinstance(k, str):
+                raise TypeError(f"{where}: tensor names must be str, got {k!r}")
+            items.append(_Item(k, v, f"{where}: tensor {k!r}"))
+        return items, True
+    if isinstance(tensors, (str, bytes)) or not isinstance(tensors, Iterable):
+        raise TypeError(f"{where}: tensors must be a mapping name -> array or a sequence of arrays, "
+                        f"got {type(tensors).__name__}")
+    return [_Item(None, v, f"{where}: tensor {i}") for i, v in enumerate(tensors)], False
+
+
+def _layout(items: Sequence[_Item], start: int, alignment: int) -> Tuple[List[int], int]:
+    """Offsets relative to ``start`` and the list's padded byteLength."""
+    offsets, cursor = [], 0
+    for it in items:
+        off = _align(cursor, alignment)
+        offsets.append(off)
+        cursor = off + it.nbytes
+    return offsets, _align(cursor, alignment)
+
+
+def _tensor_entries(items, offsets, crcs, lamp: bool) -> List[Dict[str, Any]]:
+    out = []
+    for i, (it, off) in enumerate(zip(items, offsets)):
+        e: Dict[str, Any] = {}
+        if lamp:
+            if it.shape:
+                e["dims"] = list(it.shape)
+        else:
+            if it.name is not None:
+                e["name"] = it.name
+            e["dims"] = list(it.shape)
+        e["dataType"] = it.dtype.code
+        e["byteOffset"] = off
+        e["byteLength"] = it.nbytes
+        if crcs is not None and not lamp:
+            e["crc32c"] = crcs[i]
+        out.append(e)
+    return out
+
+
+def _descriptor(entries, location, offset, length, metadata, lamp: bool) -> Dict[str, Any]:
+    d: Dict[str, Any] = {}
+    if not lamp:
+        d["formatVersion"] = FORMAT_VERSION
+    if entries or not lamp:
+        d["tensors"] = entries
+    d["location"] = location
+    d["byteOffset"] = offset
+    d["byteLength"] = length
+    if metadata is not None and not lamp:
+        d["metadata"] = metadata
+    return d
+
+
+def _descriptor_text(desc: Dict[str, Any], lamp: bool) -> str:
+    if lamp:
+        return dumps_lamp(desc)
+    # one tensor per line: cheap to produce, pleasant to grep and diff
+    return dumps(desc).replace('},{"', '},\n{"').replace('"tensors":[{', '"tensors":[\n{', 1) + "\n"
+
+
+def _check_metadata(metadata, lamp: bool):
+    if metadata is None:
+        return None
+    if lamp:
+        raise ValueError("lamp=True writes exactly what lamp writes: metadata cannot be stored")
+    try:
+        dumps(metadata)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"metadata must be strict JSON (no NaN/Infinity, str keys): {e}") from e
+    return metadata
+
+
+# --- the atomic commit ---------------------------------------------------------
+
+_OWN_DATA = re.compile(r"\.[0-9a-f]{8}\.data\Z")
+
+
+class _Commit:
+    """Temporary files, renames, fsyncs and clean-up of one atomic save."""
+
+    def __init__(self, path, *, lamp: bool, durable: bool):
+        self.path = os.path.abspath(os.fspath(path))
+        self.dir, self.base = os.path.split(self.path)
+        if not self.base:
+            raise ValueError(f"{path!r} names a directory, not a file")
+        if os.path.isdir(self.path):
+            raise IsADirectoryError(f"{self.path} is a directory")
+        self.token = secrets.token_hex(4)
+        self.lamp = lamp
+        self.durable = durable
+        self.data_name = f"{self.base}.data" if lamp else f"{self.base}.{self.token}.data"
+        self.data_path = os.path.join(self.dir, self.data_name)
+        self.data_tmp = os.path.join(self.dir, f".{self.data_name}.{self.token}.tmp")
+        self.desc_tmp = os.path.join(self.dir, f".{self.base}.{self.token}.tmp")
+        self.data_renamed = False
+        self.fd: Optional[int] = None
+
+    def open_data(self) -> int:
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+        self.fd = os.open(self.data_tmp, flags, 0o666)
+        return self.fd
+
+    def finish_data(self) -> None:
+        if self.durable:
+            os.fsync(self.fd)
+        os.close(self.fd)
+        self.fd = None
+        if not self.lamp:  # a fresh unique name: nothing refers to it yet
+            os.rename(self.data_tmp, self.data_path)
+            self.data_renamed = True
+
+    def commit(self, text: str) -> None:
+        old = self._old_locations()
+        fd = os.open(self.desc_tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+        try:
+            os.write(fd, text.encode("utf-8")) if len(text) < (1 << 30) else _write_all(fd, text.encode("utf-8"))
+            if self.durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        if self.lamp:
+            os.rename(self.data_tmp, self.data_path)
+            self.data_renamed = True
+        os.rename(self.desc_tmp, self.path)  # the commit point
+        if self.durable:
+            _fsync_dir(self.dir)
+        for loc in old:
+            if loc != self.data_name:
+                try:
+                    os.unlink(os.path.join(self.dir, loc))
+                except OSError:
+                    pass
+
+    def _old_locations(self) -> List[str]:
+        """Data files of the document being replaced that this library named (safe to delete)."""
+        try:
+            doc = read_json_file(self.path)
+        except (OSError, ValueError):
+            return []
+        own = []
+        for ptr in find_tensor_lists(doc):
+            node = doc
+            for tok in ptr[1:].split("/") if ptr else []:
+                tok = tok.replace("~1", "/").replace("~0", "~")
+                node = node[int(tok)] if isinstance(node, list) else node[tok]
+            loc = node["location"]
+            if "/" in loc or not loc.startswith(self.base + "."):
+                continue
+            rest = loc[len(self.base):]
+            if rest == ".data" or _OWN_DATA.match(rest):
+                own.append(loc)
+        return own
+
+    def abort(self) -> None:
+        if self.fd is not None:
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
+            self.fd = None
+        for p in (self.data_tmp, self.desc_tmp) + ((self.data_path,) if self.data_renamed and not self.lamp else ()):
+            try:
+                os.unlink(p)
+            except OSError:
+                pass
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view[: 1 << 30])
+        view = view[n:]
+
+
+def _fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems refuse fsync on directories
+    finally:
+        os.close(fd)
+
+
+def _write_lists(fd, lists, alignment, checksum, durable, threads, path, lamp):
+    """Writes several prepared lists into one new file at 4096-aligned offsets.
+
+    Returns:
+        [(list_offset, tensor_offsets, list_length, crcs or None)] per list.
+    """
+    bufs, offs, swaps, layout = [], [], [], []
+    start = 0
+    for items in lists:
+        start = _align(start, LIST_ALIGNMENT)
+        rel, length = _layout(items, start, alignment)
+        layout.append((start, rel, length))
+        for it, o in zip(items, rel):
+            bufs.append(it.array)
+            offs.append(start + o)
+            swaps.append(it.swap)
+        start += length
+    crcs = _lowlevel.write_items(fd, bufs, offs, swaps, 0, start, crc=checksum and not lamp,
+                                 fsync=False, sparse=True, threads=threads, path=path)
+    out, k = [], 0
+    for (s, rel, length), items in zip(layout, lists):
+        out.append((s, rel, length, crcs[k:k + len(items)] if crcs is not None else None))
+        k += len(items)
+    return out
+
+
+def save(path, tensors, *, metadata: Any = None, alignment: int = DEFAULT_ALIGNMENT, checksum: bool = True,
+         lamp: bool = False, durable: bool = True, threads: Optional[int] = None) -> None:
+    """Writes a list of tensors: a JSON descriptor at ``path`` and a data file beside it.
+
+    Atomic and durable: whenever the process dies, ``path`` loads either the
+    complete old content or the complete new content.
+
+    Args:
+        path: where the descriptor goes.
+        tensors: a mapping name -> array (named) or a sequence of arrays
+            (positional, as in lamp). Anything ``numpy.asarray`` takes; non-C-
+            contiguous arrays are copied once, big-endian ones are byte-swapped
+            while writing; the caller's arrays are never modified.
+        metadata: any JSON value, stored as the list's ``metadata``.
+        alignment: byte alignment of every tensor (power of two, 8 to 1 MiB).
+        checksum: store each tensor's CRC32C (computed in C while writing).
+        lamp: write exactly what lamp's ``writeTensorsIntoFile`` writes: data
+            file ``<name>.data``, 8-byte padding, compact JSON in lamp's key
+            order, no names, no metadata, no checksums.
+        durable: fsync the data, the descriptor and the directory.
+        threads: writer threads (default: usable cores, at most 8).
+
+    Raises:
+        TypeError: a value cannot be stored (object dtype, non-str name...).
+        ValueError: bad alignment, or metadata that is not strict JSON.
+        OSError: the files cannot be written; the old content is left intact.
+
+    Example:
+        >>> import numpy as np, tensorlist, tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "model.tl")
+        >>> tensorlist.save(path, {"w": np.ones((2, 3), np.float32)}, metadata={"step": 3})
+        >>> tensorlist.load(path)["w"].shape
+        (2, 3)
+    """
+    if lamp:
+        alignment = MIN_TENSOR_ALIGNMENT
+    _check_alignment(alignment)
+    metadata = _check_metadata(metadata, lamp)
+    items, named = _items(tensors, os.fspath(path))
+    if lamp and named:
+        # lamp lists are positional: the mapping's order is kept, its keys are not stored
+        pass
+    commit = _Commit(path, lamp=lamp, durable=durable)
+    try:
+        fd = commit.open_data()
+        [(_, offsets, length, crcs)] = _write_lists(fd, [items], alignment, checksum, durable, threads,
+                                                    commit.data_tmp, lamp)
+        commit.finish_data()
+        desc = _descriptor(_tensor_entries(items, offsets, crcs, lamp), commit.data_name, 0, length,
+                           metadata, lamp)
+        commit.commit(_descriptor_text(desc, lamp))
+    except BaseException:
+        commit.abort()
+        raise
+
+
+class Writer:
+    """Writes a TensorList one tensor at a time; the descriptor is committed last.
+
+    Use it as a context manager: on normal exit the file is committed
+    atomically (as ``save`` does), on an exception everything written is
+    discarded and the previous file at ``path`` is left untouched.
+
+    ``add`` writes an array now (from its buffer, without holding earlier ones
+    in memory); ``reserve`` returns a writable array mapped into the data
+    file to fill in place (e.g. a model larger than RAM, shard by shard).
+
+    Args are those of :func:`save`.
+
+    Safety: arrays returned by ``reserve`` map the data file; do not write to
+    them after the Writer is closed (that would change the committed file).
+
+    Example:
+        >>> import numpy as np, tensorlist, tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "big.tl")
+        >>> with tensorlist.Writer(path, metadata={"kind": "demo"}) as w:
+        ...     w.add("a", np.arange(3))
+        ...     b = w.reserve("b", (2, 2), np.float32)
+        ...     b[:] = 7
+        >>> tensorlist.load(path)["b"].sum()
+        np.float32(28.0)
+    """
+
+    def __init__(self, path, *, metadata: Any = None, alignment: int = DEFAULT_ALIGNMENT,
+                 checksum: bool = True, lamp: bool = False, durable: bool = True,
+                 threads: Optional[int] = None):
+        self.alignment = MIN_TENSOR_ALIGNMENT if lamp else _check_alignment(alignment)
+        self.metadata = _check_metadata(metadata, lamp)
+        self.checksum = checksum and not lamp
+        self.lamp = lamp
+        self.threads = threads
+        self._commit = _Commit(path, lamp=lamp, durable=durable)
+        self._fd = self._commit.open_data()
+        self._entries: List[Dict[str, Any]] = []
+        self._names: set = set()
+        self._named: Optional[bool] = None
+        self._end = 0
+        self._reserved: List[Tuple[int, np.ndarray, Any]] = []  # (entry index, array, sync)
+        self._state = "open"
+
+    @property
+    def path(self) -> str:
+        return self._commit.path
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def _check_open(self):
+        if self._state != "open":
+            raise ValueError(f"Writer for {self.path} is {self._state}")
+
+    def _entry(self, name: Optional[str], item_shape, dtype: _dtypes.DType, nbytes: int) -> Tuple[int, Dict]:
+        named = name is not None
+        if self._named is None:
+            self._named = named
+        elif self._named != named:
+            raise TypeError("a list is either all named or all positional: "
+                            + ("pass a name" if self._named else "do not pass names"))
+        if named:
+            if not isinstance(name, str):
+                raise TypeError(f"tensor names must be str, got {name!r}")
+            if name in self._names:
+                raise ValueError(f"duplicate tensor name {name!r}")
+            self._names.add(name)
+        offset = _align(self._end, self.alignment)
+        e: Dict[str, Any] = {}
+        if named and not self.lamp:
+            e["name"] = name
+        if item_shape or not self.lamp:
+            e["dims"] = list(item_shape)
+        e["dataType"] = dtype.code
+        e["byteOffset"] = offset
+        e["byteLength"] = nbytes
+        return offset, e
+
+    def add(self, name_or_value, value=None) -> None:
+        """Appends a tensor: ``add(name, array)``, or ``add(array)`` in a positional list."""
+        self._check_open()
+        name, value = (name_or_value, value) if value is not None else (None, name_or_value)
+        item = _Item(name, value, f"{self.path}: tensor {name if name is not None else len(self._entries)!r}")
+        offset, e = self._entry(name, item.shape, item.dtype, item.nbytes)
+        try:
+            crcs = _lowlevel.write_items(self._fd, [item.array], [offset], [item.swap], self._end,
+                                         offset + item.nbytes, crc=self.checksum, fsync=False, sparse=True,
+                                         threads=self.threads, path=self._commit.data_tmp)
+        except BaseException:
+            self.abort()
+            raise
+        if crcs is not None:
+            e["crc32c"] = crcs[0]
+        self._entries.append(e)
+        self._end = offset + item.nbytes
+
+    def reserve(self, name_or_shape, shape=None, dtype=None) -> np.ndarray:
+        """Reserves a tensor and returns a writable array mapped into the data file.
+
+        ``reserve(name, shape, dtype)``, or ``reserve(shape, dtype)`` in a
+        positional list. The bytes start as zeros.
+        """
+        self._check_open()
+        if dtype is None:
+            name, shape, dtype = None, name_or_shape, shape
+        else:
+            name = name_or_shape
+        shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(int(d) for d in shape)
+        if any(d < 0 for d in shape):
+            raise ValueError(f"negative dimension in {shape}")
+        dt = _dtypes.from_numpy(dtype)
+        nbytes = int(np.prod(shape, dtype=object)) * dt.itemsize
+        offset, e = self._entry(name, shape, dt, nbytes)
+        if nbytes == 0:
+            arr = np.empty(shape, dtype=dt.numpy)
+            sync = None
+        else:
+            _lowlevel.preallocate(self._fd, offset + nbytes, self._commit.data_tmp)
+            view, sync = _lowlevel.map_writable(self._fd, offset, nbytes, self._commit.data_tmp)
+            arr = np.frombuffer(view, dtype=dt.numpy).reshape(shape)
+        self._reserved.append((len(self._entries), arr, sync))
+        self._entries.append(e)
+        self._end = offset + nbytes
+        return arr
+
+    def close(self) -> None:
+        """Commits the list (idempotent)."""
+        if self._state == "committed":
+            return
+        self._check_open()
+        try:
+            length = _align(self._end, self.alignment)
+            for idx, arr, sync in self._reserved:
+                if sync is not None:
+                    sync()
+                if self.checksum:
+                    self._entries[idx]["crc32c"] = _lowlevel.crc32c(arr.reshape(-1).view(np.uint8)) if arr.size else 0
+            _lowlevel.preallocate(self._fd, length, self._commit.data_tmp) if length else None
+            self._commit.finish_data()
+            self._fd = None
+            desc = _descriptor(self._entries, self._commit.data_name, 0, length, self.metadata, self.lamp)
+            self._commit.commit(_descriptor_text(desc, self.lamp))
+        except BaseException:
+            self.abort()
+            raise
+        self._state = "committed"
+        self._reserved = []
+
+    commit = close
+
+    def abort(self) -> None:
+        """Discards everything written; the previous file at ``path`` stays as it was."""
+        if self._state == "open":
+            self._commit.abort()
+            self._state = "aborted"
+            self._reserved = []
+
+    def __enter__(self) -> "Writer":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+    def __del__(self):
+        if getattr(self, "_state", None) == "open":
+            self.abort()
+
+
+class Tensors:
+    """A placeholder for a TensorList inside a document given to :func:`save_document`.
+
+    Args:
+        tensors: a mapping name -> array or a sequence of arrays.
+        metadata: the list's ``metadata`` (any JSON value).
+    """
+
+    __slots__ = ("tensors", "metadata")
+
+    def __init__(self, tensors, metadata: Any = None):
+        self.tensors = tensors
+        self.metadata = metadata
+
+    def __repr__(self) -> str:
+        return f"Tensors({len(self.tensors)} tensors)"
+
+
+def write_data(data_path, lists: Sequence, *, alignment: int = DEFAULT_ALIGNMENT, checksum: bool = True,
+               lamp: bool = False, durable: bool = True, location: Optional[str] = None,
+               threads: Optional[int] = None) -> List[Dict[str, Any]]:
+    """Writes several tensor lists into one data file and returns their descriptors.
+
+    For documents the caller owns (as lamp's StateIO does): embed each
+    returned descriptor anywhere in a JSON document placed in the same
+    directory as the data file. The data file is written atomically (temp
+    file, fsync, rename); lists start at 4096-aligned offsets.
+
+    Args:
+        data_path: the data file to create (replaced atomically if it exists).
+        lists: each a mapping, a sequence, or a :class:`Tensors` (with metadata).
+        location: the ``location`` to record (default: the data file's name).
+
+    Returns:
+        One TensorList descriptor (a JSON-ready dict) per list, in order.
+    """
+    alignment = MIN_TENSOR_ALIGNMENT if lamp else _check_alignment(alignment)
+    data_path = os.path.abspath(os.fspath(data_path))
+    prepared, metas = [], []
+    for i, lst in enumerate(lists):
+        meta = None
+        if isinstance(lst, Tensors):
+            lst, meta = lst.tensors, lst.metadata
+        prepared.append(_items(lst, f"{data_path}: list {i}")[0])
+        metas.append(_check_metadata(meta, lamp))
+    tmp = os.path.join(os.path.dirname(data_path), f".{os.path.basename(data_path)}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+    try:
+        layout = _write_lists(fd, prepared, alignment, checksum, durable, threads, tmp, lamp)
+        if durable:
+            os.fsync(fd)
+        os.close(fd)
+        fd = None
+        os.rename(tmp, data_path)
+        if durable:
+            _fsync_dir(os.path.dirname(data_path))
+    except BaseException:
+        if fd is not None:
+            os.close(fd)
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    loc = location if location is not None else os.path.basename(data_path)
+    return [
+        _descriptor(_tensor_entries(items, offs, crcs, lamp), loc, start, length, meta, lamp)
+        for items, meta, (start, offs, length, crcs) in zip(prepared, metas, layout)
+    ]
+
+
+def save_document(path, document: Any, *, alignment: int = DEFAULT_ALIGNMENT, checksum: bool = True,
+                  durable: bool = True, threads: Optional[int] = None) -> Any:
+    """Writes a JSON document in which :class:`Tensors` placeholders become TensorLists.
+
+    All lists share one data file beside the document, at 4096-aligned
+    offsets. The whole save is atomic, like :func:`save`. Read a list back
+    with ``load(path, pointer=...)`` or everything with ``load_document``.
+
+    Returns:
+        The document as written (placeholders replaced by their descriptors).
+
+    Example:
+        >>> import numpy as np, tensorlist, tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "ckpt.json")
+        >>> doc = tensorlist.save_document(path, {"epoch": 3,
+        ...     "model": tensorlist.Tensors({"w": np.zeros(4)}),
+        ...     "optimizer": tensorlist.Tensors([np.ones(4)])})
+        >>> tensorlist.load(path, pointer="/optimizer")["0"].sum()
+        np.float64(4.0)
+    """
+    _check_alignment(alignment)
+    found: List[Tuple[str, Tensors]] = [(p, v) for p, v in walk(document) if isinstance(v, Tensors)]
+    prepared = [(_items(t.tensors, f"{path}: {p or '/'}")[0], _check_metadata(t.metadata, False))
+                for p, t in found]
+    commit = _Commit(path, lamp=False, durable=durable)
+    try:
+        fd = commit.open_data()
+        layout = _write_lists(fd, [p[0] for p in prepared], alignment, checksum, durable, threads,
+                              commit.data_tmp, False)
+        commit.finish_data()
+        descs = {
+            p: _descriptor(_tensor_entries(items, offs, crcs, False), commit.data_name, start, length, meta, False)
+            for (p, _), (items, meta), (start, offs, length, crcs) in zip(found, prepared, layout)
+        }
+        written = _replace(document, "", descs)
+        commit.commit(dumps(written) + "\n")
+    except BaseException:
+        commit.abort()
+        raise
+    return written
+
+
+def _replace(node, ptr: str, descs: Dict[str, Dict]):
+    if ptr in descs:
+        return descs[ptr]
+    if isinstance(node, dict):
+        return {k: _replace(v, f"{ptr}/{escape_pointer(k)}", descs) for k, v in node.items()}
+    if isinstance(node, (list, tuple)):
+        return [_replace(v, f"{ptr}/{i}", descs) for i, v in enumerate(node)]
+    return node
