@@ -851,7 +851,7 @@ def _short(value, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _schema_error(error, prefix: str, file) -> FormatError:
+def _schema_error(error, root, prefix: str, file) -> FormatError:
     """A FormatError naming the field of one jsonschema error."""
     path = prefix
     for part in error.absolute_path:
@@ -872,9 +872,17 @@ def _schema_error(error, prefix: str, file) -> FormatError:
             "ran (device, verbose, save_folder)",
             file=file, field=_join(path, error.instance),
         )
-    if error.schema is False or kind is None or kind == "false":
-        return FormatError("not allowed here (see the schema's description of the enclosing object)",
-                           file=file, field=path)
+    if error.schema is False or kind is None:
+        # A property whose schema is `false`: the error sits on the parent object.
+        parent = root
+        for part in error.absolute_path:
+            parent = parent[part]
+        key = next((k for k, v in parent.items() if v is error.instance), None) if isinstance(parent, Mapping) else None
+        if key is None and isinstance(parent, Mapping):
+            key = next((k for k, v in parent.items() if v == error.instance), None)
+        hint = f" when 'from' is {parent['from']!r}" if isinstance(parent, Mapping) and "from" in parent else ""
+        return FormatError(f"not allowed{hint} (see the schema's description of {path or 'the record'})",
+                           file=file, field=_join(path, key) if key is not None else path or None)
     value = error.validator_value
     if kind == "type":
         types = [value] if isinstance(value, str) else list(value)
@@ -901,7 +909,7 @@ def _raise_schema_errors(name: str, value, prefix: str, file) -> None:
     errors = list(_validator(name).iter_errors(value))
     if errors:
         best = min(errors, key=lambda e: (_RANK.get(e.validator, 9), len(e.absolute_path), list(map(str, e.absolute_path))))
-        raise _schema_error(best, prefix, file)
+        raise _schema_error(best, value, prefix, file)
 
 
 def _cross_checks(record: Mapping, prefix: str, file) -> None:
