@@ -57,6 +57,13 @@ def _check_alignment(alignment: int) -> int:
 def _as_array(value, where: str) -> np.ndarray:
     if isinstance(value, np.ndarray):
         arr = value
+    elif type(value).__module__.startswith("torch"):
+        from .torch import to_numpy  # torch is imported only when torch tensors come in
+
+        try:
+            arr = to_numpy(value)
+        except TypeError as e:
+            raise TypeError(f"{where}: {e}") from None
     else:
         try:
             arr = np.asarray(value)
