@@ -628,6 +628,8 @@ def _torch_as_numpy(tensor, where: str) -> np.ndarray:
         t = t.cpu()
     t = t.resolve_conj().resolve_neg().contiguous()
     shape = tuple(int(d) for d in t.shape)
+    if t.numel() == 0:  # torch refuses dtype views of some empty tensors
+        return np.empty(shape, row.numpy.newbyteorder("="))
     raw = t.reshape(-1).view(torch.uint8).numpy()
     return raw.view(row.numpy.newbyteorder("=")).reshape(shape)
 
