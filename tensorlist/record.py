@@ -1216,6 +1216,11 @@ def build_training_record(
     epoch = done if weights_epoch is None else int(weights_epoch)
     if weights_validation is None and 1 <= epoch <= done:
         weights_validation = hist_validation[epoch - 1]
+    if weights_kind == "best_validation" and _lr_value(weights_validation) is None:
+        raise ValueError(
+            f"weights_kind='best_validation' needs the weights' validation value: pass weights_validation=, "
+            f"or validation_values with a finite value at epoch {epoch}"
+        )
     loss_spec = _spec_or_none(loss, "solver.loss")
     if isinstance(solver, str) or solver is None:
         solver_class = solver
