@@ -670,8 +670,8 @@ def _named_weights(weights) -> Tuple[int, Iterator[Tuple[str, Any]]]:
         weights = weights.state_dict()
     if isinstance(weights, Mapping):
         return len(weights), iter(weights.items())
-    if hasattr(weights, "names") and hasattr(weights, "__getitem__") and not isinstance(weights, (list, tuple)):
-        names = list(weights.names)  # a tensorlist reader
+    if hasattr(weights, "keys") and hasattr(weights, "__getitem__") and not isinstance(weights, (list, tuple)):
+        names = list(weights.keys())  # mapping-like, e.g. an open tensorlist.Reader
         return len(names), ((n, weights[n]) for n in names)
     if isinstance(weights, (list, tuple)):
         return len(weights), ((str(i), w) for i, w in enumerate(weights))
@@ -756,7 +756,13 @@ def _numpy_weights(weights) -> Dict[str, np.ndarray]:
         name = _checked_name(name, index)
         if name in out:
             raise ValueError(f"weights: duplicate name {name!r}")
-        out[name] = _torch_as_numpy(value, f"weights[{name!r}]") if _is_torch_tensor(value) else np.asarray(value)
+        where = f"weights[{name!r}]"
+        if _is_torch_tensor(value):
+            out[name] = _torch_as_numpy(value, where)
+        elif isinstance(value, (np.ndarray, np.generic)) or hasattr(value, "__array__"):
+            out[name] = np.asarray(value)
+        else:
+            raise TypeError(f"{where}: expected a numpy array or a torch tensor, got {type(value).__qualname__}")
     return out
 
 

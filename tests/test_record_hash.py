@@ -165,8 +165,10 @@ def test_bfloat16_state_dict_numpy_and_file_agree(tmp_path):
     as_numpy = {k: v.view(torch.int16).numpy().view(ml_dtypes.bfloat16) for k, v in sd.items()}
     path = tmp_path / "model.json"
     tensorlist.save(path, as_numpy)
+    with tensorlist.open(path) as reader:
+        from_reader = weights_sha256(reader)
     digests = {weights_sha256(sd), weights_sha256(model), weights_sha256(as_numpy), weights_sha256(path),
-               weights_sha256(tensorlist.load(path)), weights_sha256(str(path))}
+               weights_sha256(tensorlist.load(path)), weights_sha256(str(path)), from_reader}
     assert len(digests) == 1
 
 

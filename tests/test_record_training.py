@@ -374,13 +374,15 @@ def test_model_file_with_positional_weights_and_a_module(tmp_path):
     (dict(metadata={"training": 1}), ValueError, "reserved"),
     (dict(training={"format": "tensorlist.training-record/1"}), FormatError, "field 'training.created'"),
     (dict(training=[1]), TypeError, "training must be a training record"),
+    (dict(weights={"w": [1.0, 2.0]}), TypeError, "expected a numpy array or a torch tensor"),
 ])
 def test_save_model_file_refuses_bad_records_before_writing(tmp_path, kwargs, error, message):
     """Nothing is written when a record is invalid."""
-    args = dict(training=minimal(), dataset_params={})
+    args = dict(training=minimal(), dataset_params={}, weights={"w": np.zeros(2)})
     args.update(kwargs)
+    weights = args.pop("weights")
     with pytest.raises(error, match=re.escape(message)):
-        save_model_file(tmp_path / "m.json", {"w": np.zeros(2)}, **args)
+        save_model_file(tmp_path / "m.json", weights, **args)
     assert os.listdir(tmp_path) == []
 
 
