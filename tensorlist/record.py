@@ -51,7 +51,7 @@ import sys
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 import numpy as np
 
@@ -108,7 +108,6 @@ _MAX_LISTED_ELEMENTS = 1024
 # How deep specs of objects held by objects are followed before args is null.
 _MAX_SPEC_DEPTH = 4
 
-_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _U64 = struct.Struct("<Q")
 
 
@@ -288,7 +287,7 @@ def _constructor_args(obj, where: str, depth: int) -> Optional[dict]:
     """
     try:
         signature = inspect.signature(type(obj))
-    except (TypeError, ValueError):
+    except Exception:  # no readable signature (C types, odd metaclasses): arguments unknown
         return None
     args = {}
     for param in signature.parameters.values():
@@ -1015,7 +1014,7 @@ def _optimizer_class(optimizer) -> str:
     return name
 
 
-def _lr_value(value) -> Optional[float]:
+def _finite_or_none(value) -> Optional[float]:
     if _is_torch_tensor(value) or isinstance(value, np.ndarray):
         value = value.item()
     if isinstance(value, numbers.Real) and not isinstance(value, bool):
@@ -1071,14 +1070,14 @@ def optimizer_record(optimizer, *, model=None, scheduler=None, scheduler_step: O
         settings = {k: v for k, v in group.items() if k not in ("params", "lr", "initial_lr")}
         groups.append({
             "parameters": params,
-            "initial_lr": _lr_value(group.get("initial_lr", group.get("lr"))),
+            "initial_lr": _finite_or_none(group.get("initial_lr", group.get("lr"))),
             "settings": _to_json(settings, f"optimizer.parameter_groups[{g}].settings"),
         })
     defaults_but_lr = {k: v for k, v in hyper.items() if k != "lr"}
     one_plain_group = (
         len(groups) == 1
         and groups[0]["settings"] == defaults_but_lr
-        and groups[0]["initial_lr"] == _lr_value(hyper.get("lr"))
+        and groups[0]["initial_lr"] == _finite_or_none(hyper.get("lr"))
         and (model is None or group_params == model_params)
     )
     if not one_plain_group and unnamed and model is None:
@@ -1208,6 +1207,9 @@ def build_training_record(
         FormatError: the pieces do not make a valid record (naming the field).
         TypeError, ValueError: an argument of the wrong type or value.
     """
+    for arg, value in (("seed", seed), ("epochs_asked", epochs_asked), ("epochs_done", epochs_done)):
+        if (value is not None or arg != "seed") and _int_or_none(value) is None:
+            raise TypeError(f"{arg} must be an integer{' or None' if arg == 'seed' else ''}, got {value!r}")
     if isinstance(optimizer, Mapping):
         if scheduler is not None or scheduler_step is not None:
             raise ValueError("scheduler and scheduler_step belong to optimizer_record() when optimizer is a dict")
@@ -1222,7 +1224,7 @@ def build_training_record(
     epoch = done if weights_epoch is None else int(weights_epoch)
     if weights_validation is None and 1 <= epoch <= done:
         weights_validation = hist_validation[epoch - 1]
-    if weights_kind == "best_validation" and _lr_value(weights_validation) is None:
+    if weights_kind == "best_validation" and _finite_or_none(weights_validation) is None:
         raise ValueError(
             f"weights_kind='best_validation' needs the weights' validation value: pass weights_validation=, "
             f"or validation_values with a finite value at epoch {epoch}"
@@ -1250,7 +1252,7 @@ def build_training_record(
         train=loader_settings(train_loader),
         validation=_validation_section(validation, loss_spec),
         epochs={"asked": int(epochs_asked), "done": done},
-        weights={"kind": weights_kind, "epoch": epoch, "validation": _lr_value(weights_validation), "sha256": None},
+        weights={"kind": weights_kind, "epoch": epoch, "validation": _finite_or_none(weights_validation), "sha256": None},
         history={
             "training_loss": history(training_loss, done),
             "validation": hist_validation,
@@ -1336,7 +1338,7 @@ class TrainingRecorder:
                 optimizer now (call this before stepping an epoch scheduler).
         """
         if learning_rate is None:
-            rates = [_lr_value(g.get("lr")) for g in self._optimizer.param_groups]
+            rates = [_finite_or_none(g.get("lr")) for g in self._optimizer.param_groups]
             learning_rate = rates[0] if len(rates) == 1 else rates
         self.training_loss.extend(history([training_loss], 1))
         value = history([validation], 1)[0]

@@ -183,6 +183,8 @@ def test_lambda_scheduler_and_loss_are_named_with_warnings():
     (dict(initial_weights_sha256="abc"), FormatError, "field 'initial_weights_sha256': expected 64 lowercase hex"),
     (dict(validation={"every": 0}), FormatError, "field 'validation.every': expected at least 1"),
     (dict(validation={"evry": 2}), ValueError, "unexpected keys"),
+    (dict(seed=1.5), TypeError, "seed must be an integer or None, got 1.5"),
+    (dict(epochs_done="2"), TypeError, "epochs_done must be an integer, got '2'"),
 ])
 def test_builder_errors_name_the_problem(kwargs, error, message):
     """Inconsistent pieces are refused before any file is written."""
