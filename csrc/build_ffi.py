@@ -27,9 +27,9 @@ if os.environ.get("TENSORLIST_SANITIZE") == "1":
 ffibuilder.set_source(
     "tensorlist._core",
     '#include "tensorlist.h"',
-    sources=["csrc/tensorlist.c"],
+    sources=["csrc/tensorlist.c", "csrc/descriptor.c"],
     include_dirs=["csrc"],
-    depends=["csrc/tensorlist.h"],
+    depends=["csrc/tensorlist.h", "csrc/tensorlist_cdef.h"],
     extra_compile_args=_args,
     extra_link_args=_link,
 )

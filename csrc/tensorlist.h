@@ -35,6 +35,9 @@
 #define TL_ERR_ARG 7       /* an argument is invalid (NULL, zero item size, ...) */
 #define TL_ERR_NOMEM 8     /* memory allocation failed */
 #define TL_ERR_SHORT 9     /* the file ended before the requested range */
+#define TL_ERR_JSON 10     /* the text is not strict JSON */
+#define TL_ERR_FALLBACK 11 /* the fast path declines: use the exact reader */
+#define TL_ERR_FORMAT 12   /* a descriptor rule is broken */
 
 /* What tl_check_layout reports for the tensor it stopped at. */
 typedef struct {
@@ -55,6 +58,7 @@ typedef struct {
 #define TL_WRITE_CRC 1    /* compute each item's CRC32C while writing */
 #define TL_WRITE_FSYNC 2  /* fsync the file after writing */
 #define TL_WRITE_SPARSE 4 /* the region reads as zeros already (a new file): long zero runs become holes */
+#define TL_WRITE_WRITEBACK 8 /* start writeback while writing (the caller fsyncs later) */
 
 const char *tl_strerror(int status);
 int tl_version(void);
@@ -98,5 +102,22 @@ uint32_t tl_crc32c(uint32_t crc, const void *data, uint64_t length);
 /* CRC32C of n buffers, in parallel. */
 int tl_crc32c_many(uint64_t n, const void *const *data, const uint64_t *lengths,
                    uint32_t *out, int nthreads);
+
+/* Strict JSON check of a whole document (one value, no duplicate keys, no
+ * NaN/Infinity, finite numbers); reports the byte spans [start, end) of the
+ * `tensors` arrays of TensorList objects (pairs in `spans`). TL_ERR_JSON: the
+ * text is not strict JSON; TL_ERR_FALLBACK: use the exact (slow) reader. */
+int tl_json_scan(const char *text, uint64_t length, uint64_t *spans, uint64_t max_spans,
+                 uint64_t *n_spans, uint64_t *error_pos);
+
+/* Reads one `tensors` array (a span from tl_json_scan) into columns. With
+ * codes == NULL it only counts (*n_tensors, *n_dims, *names_used). Names are
+ * copied NUL-separated into `names`; name_flags: 1 named, 2 has escapes.
+ * crcs[i] is -1 when absent. TL_ERR_FORMAT: tensor *bad breaks a rule. */
+int tl_parse_tensors(const char *text, uint64_t start, uint64_t end, const int64_t *itemsize_by_code,
+                     uint64_t capacity, int64_t *codes, int64_t *offsets, int64_t *lengths, int64_t *crcs,
+                     int64_t *ndims, int64_t *dims, uint64_t dims_capacity, char *names,
+                     uint64_t names_capacity, uint8_t *name_flags, uint64_t *n_tensors, uint64_t *n_dims,
+                     uint64_t *names_used, int64_t *bad);
 
 #endif

@@ -13,9 +13,13 @@
 #define TL_ERR_ARG 7
 #define TL_ERR_NOMEM 8
 #define TL_ERR_SHORT 9
+#define TL_ERR_JSON 10
+#define TL_ERR_FALLBACK 11
+#define TL_ERR_FORMAT 12
 #define TL_WRITE_CRC 1
 #define TL_WRITE_FSYNC 2
 #define TL_WRITE_SPARSE 4
+#define TL_WRITE_WRITEBACK 8
 
 typedef struct {
     int64_t offset;
@@ -51,3 +55,12 @@ int tl_free(void *addr, uint64_t length);
 uint32_t tl_crc32c(uint32_t crc, const void *data, uint64_t length);
 int tl_crc32c_many(uint64_t n, const void *const *data, const uint64_t *lengths,
                    uint32_t *out, int nthreads);
+
+int tl_json_scan(const char *text, uint64_t length, uint64_t *spans, uint64_t max_spans,
+                 uint64_t *n_spans, uint64_t *error_pos);
+
+int tl_parse_tensors(const char *text, uint64_t start, uint64_t end, const int64_t *itemsize_by_code,
+                     uint64_t capacity, int64_t *codes, int64_t *offsets, int64_t *lengths, int64_t *crcs,
+                     int64_t *ndims, int64_t *dims, uint64_t dims_capacity, char *names,
+                     uint64_t names_capacity, uint8_t *name_flags, uint64_t *n_tensors, uint64_t *n_dims,
+                     uint64_t *names_used, int64_t *bad);

@@ -65,6 +65,8 @@ def loads_strict(text, *, file=None) -> Any:
         raise FormatError(f"invalid JSON: {e.msg} at line {e.lineno} column {e.colno}", file=file) from e
     except RecursionError as e:
         raise FormatError("invalid JSON: nesting too deep", file=file) from e
+    except ValueError as e:  # e.g. an integer literal above Python's int-conversion digit limit
+        raise FormatError(f"invalid JSON: {e}", file=file) from e
 
 
 def dumps(obj: Any) -> str:

@@ -43,6 +43,9 @@ STATUS_NAMES = {
     lib.TL_ERR_ARG: "arg",
     lib.TL_ERR_NOMEM: "nomem",
     lib.TL_ERR_SHORT: "short",
+    lib.TL_ERR_JSON: "json",
+    lib.TL_ERR_FALLBACK: "fallback",
+    lib.TL_ERR_FORMAT: "format",
 }
 
 # The numpy mirror of the C structs; sizes are checked against cffi at import.
@@ -154,6 +157,7 @@ def write_items(
     sparse: bool,
     threads: Optional[int] = None,
     path: Optional[str] = None,
+    writeback: bool = False,
 ) -> Optional[List[int]]:
     """Writes C-contiguous arrays at absolute file offsets with zero padding.
 
@@ -173,6 +177,7 @@ def write_items(
         items["swap"] = swaps
     flags = (lib.TL_WRITE_CRC if crc else 0) | (lib.TL_WRITE_FSYNC if fsync else 0)
     flags |= lib.TL_WRITE_SPARSE if sparse else 0
+    flags |= getattr(lib, "TL_WRITE_WRITEBACK", 0) if writeback else 0  # the caller fsyncs later: start the disk early
     err = ffi.new("int *")
     citems = ffi.from_buffer("tl_write_item[]", items) if n else ffi.NULL
     status = lib.tl_write_items(
@@ -235,3 +240,68 @@ def crc32c_many(buffers: Sequence, threads: Optional[int] = None) -> List[int]:
     if status:
         _raise(status, 0, "crc32c")
     return list(out)
+
+
+# --- descriptor fast path (csrc/descriptor.c) -----------------------------------
+
+JSON_OK, JSON_INVALID, JSON_FALLBACK = 0, int(lib.TL_ERR_JSON), int(lib.TL_ERR_FALLBACK)
+MAX_SPANS = 4096
+
+
+def json_scan(buf: bytes) -> Tuple[int, List[Tuple[int, int]], int]:
+    """Strict-JSON check of a whole document in C.
+
+    Returns:
+        (status, spans, error_pos): status is JSON_OK, JSON_INVALID or
+        JSON_FALLBACK; spans are the [start, end) byte ranges of the
+        ``tensors`` arrays of TensorList objects.
+    """
+    spans = ffi.new("uint64_t[]", 2 * MAX_SPANS)
+    n = ffi.new("uint64_t *")
+    pos = ffi.new("uint64_t *")
+    status = lib.tl_json_scan(ffi.from_buffer(buf), len(buf), spans, MAX_SPANS, n, pos)
+    if status == lib.TL_ERR_NOMEM:
+        raise MemoryError("json scan: out of memory")
+    if status not in (JSON_OK, JSON_INVALID, JSON_FALLBACK):
+        return JSON_FALLBACK, [], int(pos[0])
+    return int(status), [(int(spans[2 * i]), int(spans[2 * i + 1])) for i in range(n[0])], int(pos[0])
+
+
+def parse_tensors(buf: bytes, start: int, end: int, itemsize_by_code: np.ndarray, max_tensors: int):
+    """Reads a ``tensors`` array span into columns, or returns None when a rule is broken.
+
+    Returns:
+        dict with int64 arrays ``codes``, ``offsets``, ``lengths``, ``crcs`` (-1 =
+        none), ``ndims``, ``dims``; ``names`` (bytes, NUL-separated) and uint8
+        ``name_flags`` (1 named, 2 escaped); or None (use the exact reader).
+        Raises OverflowError-free: a count above ``max_tensors`` also returns None.
+    """
+    cbuf = ffi.from_buffer(buf)
+    table = ffi.from_buffer("int64_t[]", itemsize_by_code)
+    n = ffi.new("uint64_t *")
+    nd = ffi.new("uint64_t *")
+    nu = ffi.new("uint64_t *")
+    bad = ffi.new("int64_t *")
+    null = ffi.NULL
+    status = lib.tl_parse_tensors(cbuf, start, end, table, 0, null, null, null, null, null, null, 0, null, 0,
+                                  null, n, nd, nu, bad)
+    if status != lib.TL_OK or n[0] > max_tensors:
+        return None
+    count, ndim_total, names_len = int(n[0]), int(nd[0]), int(nu[0])
+    cols = {k: np.empty(count, np.int64) for k in ("codes", "offsets", "lengths", "crcs", "ndims")}
+    cols["dims"] = np.empty(ndim_total, np.int64)
+    names = bytearray(names_len)
+    flags = np.empty(count, np.uint8)
+
+    def ptr(a, t="int64_t[]"):
+        return ffi.from_buffer(t, a) if len(a) else null
+
+    status = lib.tl_parse_tensors(
+        cbuf, start, end, table, count, ptr(cols["codes"]), ptr(cols["offsets"]), ptr(cols["lengths"]),
+        ptr(cols["crcs"]), ptr(cols["ndims"]), ptr(cols["dims"]), ndim_total,
+        ffi.from_buffer("char[]", names) if names_len else null, names_len, ptr(flags, "uint8_t[]"), n, nd, nu, bad)
+    if status != lib.TL_OK:
+        return None
+    cols["names"] = bytes(names)
+    cols["name_flags"] = flags
+    return cols

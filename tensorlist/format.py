@@ -9,10 +9,11 @@ naming the file, the tensor (index and name) and the field.
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import posixpath
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -95,6 +96,44 @@ class TensorInfo(NamedTuple):
         return self.name if self.name is not None else str(self.index)
 
 
+class TensorTable(Sequence):
+    """The tensors of a list as columns; ``TensorInfo`` rows are made on demand.
+
+    A million-tensor list costs a few columns instead of a million objects.
+    """
+
+    __slots__ = ("names", "dtypes", "shapes", "offsets", "lengths", "crcs")
+
+    def __init__(self, names, dtypes, shapes, offsets, lengths, crcs):
+        self.names: Optional[List[str]] = names  # None for a positional list
+        self.dtypes: List[_dtypes.DType] = dtypes
+        self.shapes: List[Tuple[int, ...]] = shapes
+        self.offsets: List[int] = offsets
+        self.lengths: List[int] = lengths
+        self.crcs: Optional[List[Optional[int]]] = crcs  # None when no tensor has one
+
+    def __len__(self) -> int:
+        return len(self.dtypes)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        n = len(self.dtypes)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"tensor index {i} out of range for {n} tensors")
+        return TensorInfo(i, self.names[i] if self.names is not None else None, self.dtypes[i],
+                          self.shapes[i], self.offsets[i], self.lengths[i],
+                          self.crcs[i] if self.crcs is not None else None)
+
+    def keys(self) -> List[str]:
+        return list(self.names) if self.names is not None else [str(i) for i in range(len(self.dtypes))]
+
+    def __repr__(self) -> str:
+        return f"<TensorTable of {len(self)} tensors>"
+
+
 class ListDescriptor(NamedTuple):
     """A parsed and validated TensorList.
 
@@ -114,7 +153,7 @@ class ListDescriptor(NamedTuple):
     location: str
     byte_offset: int
     byte_length: int
-    tensors: Tuple[TensorInfo, ...]
+    tensors: TensorTable
     metadata: Any
     version: Optional[int]
     file: Optional[str]
@@ -125,12 +164,17 @@ class ListDescriptor(NamedTuple):
     @property
     def data_path(self) -> Optional[str]:
         """Absolute path of the data file, or None when there is no base directory."""
+        if posixpath.isabs(self.location):  # only accepted with allow_outside=True
+            return self.location
         if self.base_dir is None:
             return None
         return os.path.join(self.base_dir, *self.location.split("/"))
 
     def keys(self) -> List[str]:
-        return [t.key for t in self.tensors]
+        return self.tensors.keys()
+
+
+_MISSING = object()  # an absent key, as opposed to a JSON null
 
 
 def _is_int(v) -> bool:
@@ -156,8 +200,13 @@ def find_tensor_lists(doc: Any) -> List[str]:
     return found
 
 
-def read_json_file(path, limits: Limits = Limits()) -> Any:
-    """Reads and strictly parses a JSON document, refusing it above the size cap."""
+def read_json_file(path, limits: Limits = Limits(), *, fast: bool = False) -> Any:
+    """Reads and strictly parses a JSON document, refusing it above the size cap.
+
+    With ``fast``, the ``tensors`` arrays of TensorLists are left unparsed as
+    :class:`TensorSpan` objects for ``parse_list`` to read in C (the rest of the
+    document is parsed as usual); only the reading path uses this.
+    """
     path = os.fspath(path)
     try:
         with open(path, "rb") as f:
@@ -168,12 +217,54 @@ def read_json_file(path, limits: Limits = Limits()) -> Any:
                     "(raise it with max_descriptor_bytes=)",
                     file=path,
                 )
-            text = f.read(limits.max_descriptor_bytes + 1)
+            # size + 1 (not the cap): read() sets aside the whole request up front
+            text = f.read(min(size, limits.max_descriptor_bytes) + 1)
+            if len(text) > size:  # the file grew while we read
+                text += f.read(limits.max_descriptor_bytes + 1 - len(text))
     except IsADirectoryError as e:
         raise FormatError("is a directory, not a JSON descriptor", file=path) from e
-    if len(text) > limits.max_descriptor_bytes:  # grew while we read
+    if len(text) > limits.max_descriptor_bytes:
         raise FormatError(f"descriptor is above the limit of {limits.max_descriptor_bytes} bytes", file=path)
+    if fast:
+        doc = _fast_document(text, path)
+        if doc is not None:
+            return doc
     return loads_strict(text, file=path)
+
+
+def _fast_document(buf: bytes, file) -> Any:
+    """The document with TensorLists' tensors arrays as TensorSpans, or None to use the exact path."""
+    try:
+        buf.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    status, spans, _ = _lowlevel.json_scan(buf)
+    if status != _lowlevel.JSON_OK or not spans:
+        return None
+    spans.sort()
+    keep: List[Tuple[int, int]] = []
+    for s_, e_ in spans:
+        if keep and s_ < keep[-1][1]:
+            continue  # inside an outer list's tensors array
+        keep.append((s_, e_))
+    parts, last, markers = [], 0, {}
+    for k, (s_, e_) in enumerate(keep):
+        parts.append(buf[last:s_])
+        parts.append(b'"\\u0000tl%d"' % k)
+        markers[f"\x00tl{k}"] = TensorSpan(buf, s_, e_)
+        last = e_
+    parts.append(buf[last:])
+    skeleton = loads_strict(b"".join(parts), file=file)
+    used = 0
+    for _, node in walk(skeleton):
+        if isinstance(node, dict):
+            t = node.get("tensors")
+            if isinstance(t, str) and t in markers:
+                node["tensors"] = markers.pop(t)
+                used += 1
+    if markers:  # a marker string also occurred in the document itself
+        return None
+    return skeleton
 
 
 def check_location(location: str, *, file=None, field="location", allow_outside=False) -> None:
@@ -243,85 +334,39 @@ def parse_list(
         fail(f"must be a multiple of {LIST_ALIGNMENT}, got {list_offset}", "byteOffset")
     if list_offset + list_length > MAX_INT:
         fail("byteOffset + byteLength overflows 64 bits", "byteLength")
-    version = obj.get("formatVersion")
-    if version is not None and (not _is_int(version) or not 1 <= version <= FORMAT_VERSION):
+    version = obj.get("formatVersion", _MISSING)
+    if version is _MISSING:
+        version = None
+    elif not _is_int(version) or not 1 <= version <= FORMAT_VERSION:
         fail(f"unsupported format version {version!r} (this reader knows 1..{FORMAT_VERSION})",
              "formatVersion")
     tensors = obj.get("tensors", [])
-    if not isinstance(tensors, list):
-        fail(f"must be an array, got {type(tensors).__name__}", "tensors")
-    if len(tensors) > limits.max_tensors:
-        fail(f"{len(tensors)} tensors, above the limit of {limits.max_tensors} (raise it with max_tensors=)",
-             "tensors")
+    table = None
+    if isinstance(tensors, TensorSpan):
+        table = _fast_table(tensors, limits)
+        if table is None:  # the fast path declined: the exact reader explains why
+            tensors = tensors.materialize(file)
+    if table is None:
+        if not isinstance(tensors, list):
+            fail(f"must be an array, got {type(tensors).__name__}", "tensors")
+        if len(tensors) > limits.max_tensors:
+            fail(f"{len(tensors)} tensors, above the limit of {limits.max_tensors} (raise it with max_tensors=)",
+                 "tensors")
+        table = _slow_table(tensors, fail)
 
-    from_code = _dtypes.from_code
-    infos: List[TensorInfo] = []
-    append = infos.append
-    spans = np.empty(len(tensors), dtype=_lowlevel.SPAN_DTYPE)
-    offsets, lengths, itemsizes = [], [], []
-    names_seen: Dict[str, int] = {}
-    named = None
-    for i, t in enumerate(tensors):
-        if type(t) is not dict:
-            fail(f"must be a JSON object, got {type(t).__name__}", f"tensors/{i}", i)
-        name = t.get("name")
-        if name is not None and type(name) is not str:
-            fail(f"must be a string, got {name!r}", "name", i)
-        if named is None:
-            named = name is not None
-        elif named != (name is not None):
-            fail("either every tensor of a list has a name or none has", "name", i, name)
-        if name is not None:
-            if name in names_seen:
-                fail(f"duplicate name (also tensor {names_seen[name]})", "name", i, name)
-            names_seen[name] = i
-        code = t.get("dataType")
-        if code is None:
-            fail("missing required field", "dataType", i, name)
-        if not _is_int(code):
-            fail(f"must be an integer, got {code!r}", "dataType", i, name)
-        dt = from_code(code)
-        if dt is None:
-            what = _dtypes.UNSUPPORTED_CODES.get(code)
-            fail(f"dtype code {code} ({what}) has no numpy representation" if what
-                 else f"unknown dtype code {code}", "dataType", i, name)
-        off = t.get("byteOffset")
-        ln = t.get("byteLength")
-        if off is None:
-            fail("missing required field", "byteOffset", i, name)
-        if ln is None:
-            fail("missing required field", "byteLength", i, name)
-        if not _is_int(off) or off < 0 or off > MAX_INT:
-            fail(f"must be an integer in [0, 2**63), got {off!r}", "byteOffset", i, name)
-        if not _is_int(ln) or ln < 0 or ln > MAX_INT:
-            fail(f"must be an integer in [0, 2**63), got {ln!r}", "byteLength", i, name)
-        dims = t.get("dims", ())
-        if type(dims) is not list and dims != ():
-            fail(f"must be an array of non-negative integers, got {dims!r}", "dims", i, name)
-        for d in dims:
-            if not _is_int(d) or d < 0 or d > MAX_INT:
-                fail(f"must be an array of non-negative integers, got {dims!r}", "dims", i, name)
-        if math.prod(dims) * dt.itemsize != ln:
-            fail(f"dims {list(dims)} x {dt.itemsize} bytes ({dt.name}) = {math.prod(dims) * dt.itemsize}, "
-                 f"but byteLength is {ln}", "byteLength", i, name)
-        crc = t.get("crc32c")
-        if crc is not None and (not _is_int(crc) or not 0 <= crc <= 0xFFFFFFFF):
-            fail(f"must be an unsigned 32-bit integer, got {crc!r}", "crc32c", i, name)
-        offsets.append(off)
-        lengths.append(ln)
-        itemsizes.append(dt.itemsize)
-        append(TensorInfo(i, name, dt, tuple(dims), off, ln, crc))
-
-    if tensors:
-        spans["offset"] = offsets
-        spans["length"] = lengths
-        spans["itemsize"] = itemsizes
+    n = len(table)
+    if n:
+        spans = np.empty(n, dtype=_lowlevel.SPAN_DTYPE)
+        spans["offset"] = table.offsets
+        spans["length"] = table.lengths
+        spans["itemsize"] = [d.itemsize for d in table.dtypes] if n < 64 else \
+            _ITEMSIZE_BY_CODE[np.fromiter((d.code for d in table.dtypes), np.int64, n)]
         status, bad, other = _lowlevel.check_layout(spans, list_length, MIN_TENSOR_ALIGNMENT)
         if status:
             kind = _lowlevel.STATUS_NAMES[status]
-            t = infos[bad]
+            t = table[bad]
             if kind == "overlap":
-                o = infos[other]
+                o = table[other]
                 fail(f"bytes [{t.byte_offset}, {t.byte_offset + t.byte_length}) overlap tensor {other}"
                      + (f" ({o.name!r})" if o.name is not None else "")
                      + f" at [{o.byte_offset}, {o.byte_offset + o.byte_length})", "byteOffset", bad, t.name)
@@ -337,7 +382,7 @@ def parse_list(
         location=location,
         byte_offset=list_offset,
         byte_length=list_length,
-        tensors=tuple(infos),
+        tensors=table,
         metadata=obj.get("metadata"),
         version=version,
         file=file,
@@ -345,6 +390,129 @@ def parse_list(
         base_dir=base_dir,
         raw=obj,
     )
+
+
+def _slow_table(tensors: list, fail) -> TensorTable:
+    """Checks every tensor object one by one (the exact path, with precise messages)."""
+    from_code = _dtypes.from_code
+    names: List[Optional[str]] = []
+    dtypes, shapes, offsets, lengths, crcs = [], [], [], [], []
+    names_seen: Dict[str, int] = {}
+    named = None
+    for i, t in enumerate(tensors):
+        if type(t) is not dict:
+            fail(f"must be a JSON object, got {type(t).__name__}", f"tensors/{i}", i)
+        name = t.get("name", _MISSING)
+        if name is _MISSING:
+            name = None
+        elif type(name) is not str:  # null included: the key is optional, not nullable
+            fail(f"must be a string, got {name!r}", "name", i)
+        if named is None:
+            named = name is not None
+        elif named != (name is not None):
+            fail("either every tensor of a list has a name or none has", "name", i, name)
+        if name is not None:
+            if name in names_seen:
+                fail(f"duplicate name (also tensor {names_seen[name]})", "name", i, name)
+            names_seen[name] = i
+        code = t.get("dataType", _MISSING)
+        if code is _MISSING:
+            fail("missing required field", "dataType", i, name)
+        if not _is_int(code):
+            fail(f"must be an integer, got {code!r}", "dataType", i, name)
+        dt = from_code(code)
+        if dt is None:
+            what = _dtypes.UNSUPPORTED_CODES.get(code)
+            fail(f"dtype code {code} ({what}) has no numpy representation" if what
+                 else f"unknown dtype code {code}", "dataType", i, name)
+        off = t.get("byteOffset", _MISSING)
+        ln = t.get("byteLength", _MISSING)
+        if off is _MISSING:
+            fail("missing required field", "byteOffset", i, name)
+        if ln is _MISSING:
+            fail("missing required field", "byteLength", i, name)
+        if not _is_int(off) or off < 0 or off > MAX_INT:
+            fail(f"must be an integer in [0, 2**63), got {off!r}", "byteOffset", i, name)
+        if not _is_int(ln) or ln < 0 or ln > MAX_INT:
+            fail(f"must be an integer in [0, 2**63), got {ln!r}", "byteLength", i, name)
+        dims = t.get("dims", [])
+        if type(dims) is not list:
+            fail(f"must be an array of non-negative integers, got {dims!r}", "dims", i, name)
+        for d in dims:
+            if not _is_int(d) or d < 0 or d > MAX_INT:
+                fail(f"must be an array of non-negative integers, got {dims!r}", "dims", i, name)
+        if math.prod(dims) * dt.itemsize != ln:
+            fail(f"dims {list(dims)} x {dt.itemsize} bytes ({dt.name}) = {math.prod(dims) * dt.itemsize}, "
+                 f"but byteLength is {ln}", "byteLength", i, name)
+        crc = t.get("crc32c", _MISSING)
+        if crc is _MISSING:
+            crc = None
+        elif not _is_int(crc) or not 0 <= crc <= 0xFFFFFFFF:
+            fail(f"must be an unsigned 32-bit integer, got {crc!r}", "crc32c", i, name)
+        names.append(name)
+        dtypes.append(dt)
+        shapes.append(tuple(dims))
+        offsets.append(off)
+        lengths.append(ln)
+        crcs.append(crc)
+    return TensorTable(names if named else None, dtypes, shapes, offsets, lengths,
+                       crcs if any(c is not None for c in crcs) else None)
+
+
+# itemsize per dataType code (0 = unsupported), for the C fast path
+_ITEMSIZE_BY_CODE = np.zeros(256, dtype=np.int64)
+for _d in _dtypes.DTYPES:
+    _ITEMSIZE_BY_CODE[_d.code] = _d.itemsize
+_DTYPE_BY_CODE = [_dtypes.from_code(c) for c in range(256)]
+
+
+class TensorSpan:
+    """A ``tensors`` array left unparsed in a document read by the fast path."""
+
+    __slots__ = ("buf", "start", "end")
+
+    def __init__(self, buf: bytes, start: int, end: int):
+        self.buf, self.start, self.end = buf, start, end
+
+    def materialize(self, file=None) -> Any:
+        """The array as Python objects (the exact, slow path)."""
+        return loads_strict(self.buf[self.start:self.end], file=file)
+
+    def __repr__(self) -> str:
+        return f"<unparsed tensors array, {self.end - self.start} bytes>"
+
+
+def _fast_table(span: TensorSpan, limits: Limits) -> Optional[TensorTable]:
+    """Columns straight from the JSON bytes (C); None when anything needs explaining."""
+    cols = _lowlevel.parse_tensors(span.buf, span.start, span.end, _ITEMSIZE_BY_CODE, limits.max_tensors)
+    if cols is None:
+        return None
+    n = len(cols["codes"])
+    flags = cols["name_flags"]
+    named = bool(n) and bool(flags[0] & 1)
+    if n and (flags & 1).any() != (flags & 1).all():
+        return None  # mixed named and unnamed
+    names = None
+    if named:
+        names = cols["names"].decode("utf-8").split("\x00")[:-1]
+        if (flags & 2).any():
+            for i in np.flatnonzero(flags & 2).tolist():
+                names[i] = json.loads('"' + names[i] + '"')
+        if len(set(names)) != n:
+            return None  # duplicate names
+    by_code = _DTYPE_BY_CODE
+    dtypes = [by_code[c] for c in cols["codes"].tolist()]
+    dims = cols["dims"].tolist()
+    shapes: List[Tuple[int, ...]] = []
+    pos = 0
+    for k in cols["ndims"].tolist():
+        shapes.append(tuple(dims[pos:pos + k]))
+        pos += k
+    crcs = cols["crcs"]
+    crc_list = None
+    if (crcs >= 0).any():
+        crc_list = [c if c >= 0 else None for c in crcs.tolist()]
+    return TensorTable(names, dtypes, shapes, cols["offsets"].tolist(), cols["lengths"].tolist(), crc_list)
 
 
 def check_data_size(desc: ListDescriptor, size: int, data_path: str) -> None:

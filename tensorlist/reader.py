@@ -106,21 +106,34 @@ class _Data:
         return out.view(dt).reshape(info.shape)
 
     def read_all(self) -> Dict[str, np.ndarray]:
-        """Every tensor, read in one parallel pass into one fresh buffer (mmap=False)."""
+        """Every tensor: views of the mapping, or (mmap=False) one parallel read into one buffer."""
         desc = self.desc
+        if self.view is not None:
+            return _views(np.frombuffer(self.view, np.uint8), desc.byte_offset, desc.tensors, readonly=True)
         if self.fd is None:
-            return {t.key: self.array(t) for t in desc.tensors}
+            if desc.byte_length:
+                raise ValueError("I/O operation on a closed Reader")
+            return _views(np.empty(0, np.uint8), 0, desc.tensors, readonly=False)
         buf = _lowlevel.alloc(desc.byte_length)
         try:
             _lowlevel.pread_into(self.fd, buf, desc.byte_offset, path=self.path)
         except EOFError as e:
             raise FormatError(f"data file {self.path!r} was truncated while reading", file=desc.file) from e
-        out = {}
-        for t in desc.tensors:
-            dt = t.dtype.numpy
-            out[t.key] = np.frombuffer(buf, dtype=dt, count=t.byte_length // dt.itemsize,
-                                       offset=t.byte_offset).reshape(t.shape)
-        return out
+        return _views(buf, 0, desc.tensors, readonly=False)
+
+
+def _views(base: np.ndarray, start: int, table, readonly: bool) -> Dict[str, np.ndarray]:
+    """Arrays over ``base`` for every tensor of ``table`` (offsets relative to ``start``)."""
+    nd = np.ndarray
+    out: Dict[str, np.ndarray] = {}
+    for key, dt, shape, off, ln in zip(table.keys(), table.dtypes, table.shapes, table.offsets, table.lengths):
+        if ln:
+            out[key] = nd(shape, dt.numpy, base, start + off)
+        else:
+            a = np.empty(shape, dt.numpy)
+            a.flags.writeable = not readonly
+            out[key] = a
+    return out
 
 
 class Reader:
@@ -184,7 +197,7 @@ class Reader:
         self.descriptor: ListDescriptor = desc
 
     def _read_descriptor(self, pointer, allow_outside) -> ListDescriptor:
-        doc = read_json_file(self.path, self._limits)
+        doc = read_json_file(self.path, self._limits, fast=True)
         obj, ptr = _select_list(doc, pointer, self.path)
         return parse_list(obj, file=self.path, pointer=ptr, base_dir=_base_dir(self.path),
                           allow_outside=allow_outside, limits=self._limits)
@@ -240,10 +253,7 @@ class Reader:
         """Every tensor, keyed as ``load`` keys them."""
         if self._data is None:
             raise ValueError("I/O operation on a closed Reader")
-        if self._data.view is None:
-            return self._data.read_all()
-        arr = self._data.array
-        return {t.key: arr(t) for t in self.descriptor.tensors}
+        return self._data.read_all()
 
     def verify(self, keys=None) -> int:
         """Checks stored CRC32Cs (in parallel, in C); returns how many were checked.
@@ -351,7 +361,7 @@ def load_document(path, *, mmap: bool = True, **kwargs):
         except FileNotFoundError as e:
             raise FormatError(f"data file {desc.data_path!r} does not exist", file=path,
                               field=f"{ptr}/location" if ptr else "location") from e
-        tensors = data.read_all() if data.view is None else {t.key: data.array(t) for t in desc.tensors}
+        tensors = data.read_all()
         data.close()
         if ptr == "":
             return tensors

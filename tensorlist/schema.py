@@ -46,6 +46,9 @@ def _schema_check(obj: Any, file: Optional[str], pointer: str) -> None:
         return
     e = errors[0]
     path = list(e.absolute_path)
+    if e.validator == "required" and isinstance(e.instance, dict):
+        # the error sits on the object; the field at fault is the missing key
+        path += [k for k in e.validator_value if k not in e.instance][:1]
     index = name = None
     if len(path) >= 2 and path[0] == "tensors" and isinstance(path[1], int):
         index = path[1]

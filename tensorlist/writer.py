@@ -119,7 +119,8 @@ def _layout(items: Sequence[_Item], start: int, alignment: int) -> Tuple[List[in
     """Offsets relative to ``start`` and the list's padded byteLength."""
     offsets, cursor = [], 0
     for it in items:
-        off = _align(cursor, alignment)
+        # a tensor must also start at a multiple of its item size (complex128: 16)
+        off = _align(cursor, max(alignment, it.dtype.itemsize))
         offsets.append(off)
         cursor = off + it.nbytes
     return offsets, _align(cursor, alignment)
@@ -311,7 +312,7 @@ def _write_lists(fd, lists, alignment, checksum, durable, threads, path, lamp):
             swaps.append(it.swap)
         start += length
     crcs = _lowlevel.write_items(fd, bufs, offs, swaps, 0, start, crc=checksum and not lamp,
-                                 fsync=False, sparse=True, threads=threads, path=path)
+                                 fsync=False, sparse=True, threads=threads, path=path, writeback=durable)
     out, k = [], 0
     for (s, rel, length), items in zip(layout, lists):
         out.append((s, rel, length, crcs[k:k + len(items)] if crcs is not None else None))
@@ -443,7 +444,7 @@ class Writer:
             if name in self._names:
                 raise ValueError(f"duplicate tensor name {name!r}")
             self._names.add(name)
-        offset = _align(self._end, self.alignment)
+        offset = _align(self._end, max(self.alignment, dtype.itemsize))
         e: Dict[str, Any] = {}
         if named and not self.lamp:
             e["name"] = name
@@ -463,7 +464,8 @@ class Writer:
         try:
             crcs = _lowlevel.write_items(self._fd, [item.array], [offset], [item.swap], self._end,
                                          offset + item.nbytes, crc=self.checksum, fsync=False, sparse=True,
-                                         threads=self.threads, path=self._commit.data_tmp)
+                                         threads=self.threads, path=self._commit.data_tmp,
+                                         writeback=self._commit.durable)
         except BaseException:
             self.abort()
             raise
