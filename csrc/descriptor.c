@@ -378,7 +378,10 @@ int tl_parse_tensors(const char *text, uint64_t start, uint64_t end, const int64
     if (!text || !itemsize_by_code || !n_tensors || !n_dims || !names_used || !bad || end <= start)
         return TL_ERR_ARG;
     int fill = codes != NULL;
-    if (fill && (!offsets || !lengths || !crcs || !ndims || !dims || !names || !name_flags)) return TL_ERR_ARG;
+    /* names and dims may be NULL when their capacities are 0 (no names, only scalars) */
+    if (fill && (!offsets || !lengths || !crcs || !ndims || !name_flags || (!dims && dims_capacity) ||
+                 (!names && names_capacity)))
+        return TL_ERR_ARG;
     scanner s = {(const unsigned char *)text, (const unsigned char *)text + start,
                  (const unsigned char *)text + end, 0, NULL, 0, 0, TL_OK};
     uint64_t n = 0, nd = 0, nu = 0;

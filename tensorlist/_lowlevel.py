@@ -170,19 +170,22 @@ def write_items(
     """
     n = len(buffers)
     items = np.zeros(n, dtype=ITEM_DTYPE)
+    keep = None
     if n:
-        items["src"] = [b.__array_interface__["data"][0] for b in buffers]
+        keep = [ffi.from_buffer(b) for b in buffers]  # pins each buffer for the call
+        items["src"] = np.frombuffer(ffi.buffer(ffi.new("const void *[]", keep)), np.uint64)
         items["length"] = [b.nbytes for b in buffers]
         items["offset"] = offsets
         items["swap"] = swaps
     flags = (lib.TL_WRITE_CRC if crc else 0) | (lib.TL_WRITE_FSYNC if fsync else 0)
     flags |= lib.TL_WRITE_SPARSE if sparse else 0
-    flags |= getattr(lib, "TL_WRITE_WRITEBACK", 0) if writeback else 0  # the caller fsyncs later: start the disk early
+    flags |= lib.TL_WRITE_WRITEBACK if writeback else 0  # the caller fsyncs later: start the disk early
     err = ffi.new("int *")
     citems = ffi.from_buffer("tl_write_item[]", items) if n else ffi.NULL
     status = lib.tl_write_items(
         fd, citems, n, region_start, region_end, threads or default_threads(), flags, err
     )
+    del keep
     if status:
         _raise(status, err[0], "write", path)
     return items["crc"].tolist() if crc else None

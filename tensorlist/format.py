@@ -18,7 +18,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 import numpy as np
 
 from . import _dtypes, _lowlevel
-from ._jsonio import loads_strict, walk
+from ._jsonio import escape_pointer, loads_strict, walk
 from .errors import FormatError
 
 __all__ = [
@@ -192,11 +192,27 @@ def is_tensor_list(obj: Any) -> bool:
 
 
 def find_tensor_lists(doc: Any) -> List[str]:
-    """JSON pointers of every TensorList embedded in ``doc`` (outermost only)."""
+    """JSON pointers of every TensorList embedded in ``doc``, in document order.
+
+    A TensorList's own contents are not searched (its tensors are not lists).
+    """
     found: List[str] = []
-    for ptr, node in walk(doc):
-        if is_tensor_list(node) and not any(ptr.startswith(p + "/") for p in found):
-            found.append(ptr)
+    stack: List[Tuple[str, Any]] = [("", doc)]
+    while stack:
+        ptr, node = stack.pop()
+        if isinstance(node, dict):
+            if is_tensor_list(node):
+                found.append(ptr)
+                continue
+            for k in reversed(list(node)):
+                v = node[k]
+                if isinstance(v, (dict, list)):
+                    stack.append((f"{ptr}/{escape_pointer(k)}", v))
+        elif isinstance(node, list):
+            for i in range(len(node) - 1, -1, -1):
+                v = node[i]
+                if isinstance(v, (dict, list)):
+                    stack.append((f"{ptr}/{i}", v))
     return found
 
 

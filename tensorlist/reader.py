@@ -60,7 +60,9 @@ class _Data:
         self.desc = desc
         self.path = desc.data_path
         self.view: Optional[memoryview] = None
+        self.base: Optional[np.ndarray] = None  # uint8 array over the whole mapping
         self.fd: Optional[int] = None
+        self.use_mmap = use_mmap
         if desc.byte_length == 0:
             return  # nothing to read: lamp does not touch the file either
         flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
@@ -83,37 +85,53 @@ class _Data:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
-        self.view = None  # arrays already handed out keep the mapping alive
+        self.view = self.base = None  # arrays already handed out keep the mapping alive
 
     def array(self, info: TensorInfo) -> np.ndarray:
-        dt = info.dtype.numpy
-        count = info.byte_length // dt.itemsize
-        if count == 0:
-            a = np.empty(info.shape, dtype=dt)
-            a.flags.writeable = self.view is None
+        return self.array_at(info.index)
+
+    def array_at(self, i: int) -> np.ndarray:
+        """Tensor ``i``: a view of the mapping, or (mmap=False) a fresh read."""
+        table = self.desc.tensors
+        dt = table.dtypes[i].numpy
+        shape = table.shapes[i]
+        length = table.lengths[i]
+        if length == 0:
+            a = np.empty(shape, dtype=dt)
+            a.flags.writeable = not self.use_mmap
             return a
-        start = self.desc.byte_offset + info.byte_offset
+        start = self.desc.byte_offset + table.offsets[i]
         if self.view is not None:
-            return np.frombuffer(self.view, dtype=dt, count=count, offset=start).reshape(info.shape)
+            if self.base is None:
+                self.base = np.frombuffer(self.view, np.uint8)
+            return np.ndarray(shape, dt, self.base, start)
         if self.fd is None:
             raise ValueError("I/O operation on a closed Reader")
-        out = _lowlevel.alloc(info.byte_length)
+        out = _lowlevel.alloc(length)
         try:
             _lowlevel.pread_into(self.fd, out, start, path=self.path)
         except EOFError as e:
+            t = table[i]
             raise FormatError(f"data file {self.path!r} was truncated while reading",
-                              file=self.desc.file, tensor_index=info.index, tensor_name=info.name) from e
-        return out.view(dt).reshape(info.shape)
+                              file=self.desc.file, tensor_index=i, tensor_name=t.name) from e
+        return out.view(dt).reshape(shape)
 
     def read_all(self) -> Dict[str, np.ndarray]:
         """Every tensor: views of the mapping, or (mmap=False) one parallel read into one buffer."""
         desc = self.desc
         if self.view is not None:
-            return _views(np.frombuffer(self.view, np.uint8), desc.byte_offset, desc.tensors, readonly=True)
+            if self.base is None:
+                self.base = np.frombuffer(self.view, np.uint8)
+            return _views(self.base, desc.byte_offset, desc.tensors, readonly=True)
         if self.fd is None:
             if desc.byte_length:
                 raise ValueError("I/O operation on a closed Reader")
-            return _views(np.empty(0, np.uint8), 0, desc.tensors, readonly=False)
+            return _views(np.empty(0, np.uint8), 0, desc.tensors, readonly=self.use_mmap)
+        table = desc.tensors
+        if sum(table.lengths) < desc.byte_length // 2:
+            # mostly gaps (a hand-made layout): read the tensors, not the region
+            keys = table.keys()
+            return {keys[i]: self.array_at(i) for i in range(len(keys))}
         buf = _lowlevel.alloc(desc.byte_length)
         try:
             _lowlevel.pread_into(self.fd, buf, desc.byte_offset, path=self.path)
@@ -222,23 +240,32 @@ class Reader:
 
     def _key_index(self) -> Dict[str, int]:
         if self._index is None:
-            self._index = {t.key: t.index for t in self.descriptor.tensors}
+            keys = self.descriptor.tensors.keys()
+            self._index = dict(zip(keys, range(len(keys))))
         return self._index
+
+    def _position(self, key: Union[str, int]) -> int:
+        if isinstance(key, str):
+            i = self._key_index().get(key)
+            if i is None:
+                raise KeyError(f"{self.path}: no tensor {key!r}")
+            return i
+        if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
+            n = len(self.descriptor.tensors)
+            i = int(key) + n if key < 0 else int(key)
+            if not 0 <= i < n:
+                raise IndexError(f"{self.path}: tensor index {key} out of range for {n} tensors")
+            return i
+        raise TypeError(f"tensors are indexed by name (str) or position (int), not {type(key).__name__}")
 
     def info(self, key: Union[str, int]) -> TensorInfo:
         """The descriptor entry of a tensor, by key or position."""
-        tensors = self.descriptor.tensors
-        if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
-            return tensors[key]
-        try:
-            return tensors[self._key_index()[key]]
-        except KeyError:
-            raise KeyError(f"{self.path}: no tensor {key!r}") from None
+        return self.descriptor.tensors[self._position(key)]
 
     def __getitem__(self, key: Union[str, int]) -> np.ndarray:
         if self._data is None:
             raise ValueError("I/O operation on a closed Reader")
-        return self._data.array(self.info(key))
+        return self._data.array_at(self._position(key))
 
     def get(self, key, default=None):
         return self[key] if key in self else default

@@ -87,7 +87,10 @@ def validate(obj, *, pointer: Optional[str] = None, base_dir=None, check_data: b
     Raises:
         FormatError: naming the file, the tensor (index and name) and the field.
     """
-    limits = Limits(max_descriptor_bytes or Limits().max_descriptor_bytes, max_tensors or Limits().max_tensors)
+    limits = Limits(
+        max_descriptor_bytes if max_descriptor_bytes is not None else Limits().max_descriptor_bytes,
+        max_tensors if max_tensors is not None else Limits().max_tensors,
+    )
     file = None
     if isinstance(obj, (dict, list)):
         doc = obj

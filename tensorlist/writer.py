@@ -17,6 +17,7 @@ with the new data; the docs say so.
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import secrets
@@ -26,6 +27,8 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from . import _dtypes, _lowlevel
+from json.encoder import encode_basestring as _encode_string
+
 from ._jsonio import dumps, dumps_lamp, escape_pointer, walk
 from .format import (
     DEFAULT_ALIGNMENT,
@@ -74,54 +77,78 @@ def _as_array(value, where: str) -> np.ndarray:
     return arr
 
 
+_DTYPE_CACHE: Dict[np.dtype, Tuple[_dtypes.DType, int]] = {}
+
+
+def _dtype_info(dt: np.dtype) -> Tuple[_dtypes.DType, int]:
+    """(table row, byte-swap element size or 0) for a numpy dtype, cached."""
+    hit = _DTYPE_CACHE.get(dt)
+    if hit is None:
+        row = _dtypes.from_numpy(dt)
+        order = dt.byteorder
+        little = order == "<" or order == "|" or (order == "=" and _LITTLE_HOST)
+        size = dt.itemsize // (2 if dt.kind == "c" else 1)
+        hit = _DTYPE_CACHE[dt] = (row, 0 if little or size == 1 else size)
+    return hit
+
+
 class _Item:
     """One tensor ready to write: contiguous bytes, dtype row, byte-swap size."""
 
-    __slots__ = ("name", "array", "dtype", "swap", "shape")
+    __slots__ = ("name", "array", "dtype", "swap", "shape", "nbytes")
 
-    def __init__(self, name: Optional[str], value, where: str):
-        arr = _as_array(value, where)
+    def __init__(self, name: Optional[str], value, where):
+        arr = value if type(value) is np.ndarray else _as_array(value, where())
         try:
-            self.dtype = _dtypes.from_numpy(arr.dtype)
+            self.dtype, self.swap = _dtype_info(arr.dtype)
         except TypeError as e:
-            raise TypeError(f"{where}: {e}") from None
+            raise TypeError(f"{where()}: {e}") from None
         if not arr.flags.c_contiguous:
             arr = np.ascontiguousarray(arr)  # the one copy: the format stores C order
-        order = arr.dtype.byteorder
-        little = order == "<" or order == "|" or (order == "=" and _LITTLE_HOST)
-        size = arr.dtype.itemsize // (2 if arr.dtype.kind == "c" else 1)
-        self.swap = 0 if little or size == 1 else size
         self.name = name
-        self.shape = tuple(int(d) for d in arr.shape)
+        self.shape = arr.shape
+        self.nbytes = arr.nbytes
         self.array = arr
-
-    @property
-    def nbytes(self) -> int:
-        return self.array.nbytes
 
 
 def _items(tensors, where: str) -> Tuple[List[_Item], bool]:
     """Prepared items and whether they are named (mapping) or positional (sequence)."""
     if isinstance(tensors, Mapping):
         items = []
+        append = items.append
         for k, v in tensors.items():
-            if not isinstance(k, str):
+            if type(k) is not str:
                 raise TypeError(f"{where}: tensor names must be str, got {k!r}")
-            items.append(_Item(k, v, f"{where}: tensor {k!r}"))
+            append(_Item(k, v, lambda k=k: f"{where}: tensor {k!r}"))
+        _check_names([it.name for it in items], where)
         return items, True
     if isinstance(tensors, (str, bytes)) or not isinstance(tensors, Iterable):
         raise TypeError(f"{where}: tensors must be a mapping name -> array or a sequence of arrays, "
                         f"got {type(tensors).__name__}")
-    return [_Item(None, v, f"{where}: tensor {i}") for i, v in enumerate(tensors)], False
+    return [_Item(None, v, lambda i=i: f"{where}: tensor {i}") for i, v in enumerate(tensors)], False
+
+
+def _check_names(names: List[str], where: str) -> None:
+    """Refuses names that cannot be written as UTF-8 (lone surrogates) before any byte is written."""
+    try:
+        "\x00".join(names).encode("utf-8")
+    except UnicodeEncodeError:
+        for n in names:
+            try:
+                n.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise ValueError(f"{where}: tensor name {n!r} is not valid Unicode ({e.reason})") from None
 
 
 def _layout(items: Sequence[_Item], start: int, alignment: int) -> Tuple[List[int], int]:
     """Offsets relative to ``start`` and the list's padded byteLength."""
     offsets, cursor = [], 0
+    append = offsets.append
     for it in items:
         # a tensor must also start at a multiple of its item size (complex128: 16)
-        off = _align(cursor, max(alignment, it.dtype.itemsize))
-        offsets.append(off)
+        a = it.dtype.itemsize if it.dtype.itemsize > alignment else alignment
+        off = -(-cursor // a) * a
+        append(off)
         cursor = off + it.nbytes
     return offsets, _align(cursor, alignment)
 
@@ -160,11 +187,33 @@ def _descriptor(entries, location, offset, length, metadata, lamp: bool) -> Dict
     return d
 
 
+def _fast_descriptor_text(items, offsets, crcs, location: str, length: int, metadata) -> str:
+    """The text ``_descriptor_text(_descriptor(...))`` gives in tensorlist mode, made directly.
+
+    Saving a million tiny tensors should not build a million dicts.
+    """
+    enc = _encode_string
+    lines = []
+    append = lines.append
+    for i, (it, off) in enumerate(zip(items, offsets)):
+        head = '{"name":' + enc(it.name) + ',"dims":[' if it.name is not None else '{"dims":['
+        tail = f',"crc32c":{crcs[i]}}}' if crcs is not None else "}"
+        append(f'{head}{",".join(map(str, it.shape))}],"dataType":{it.dtype.code},"byteOffset":{off},'
+               f'"byteLength":{it.nbytes}{tail}')
+    body = "\n" + ",\n".join(lines) if lines else ""
+    meta = f',"metadata":{dumps(metadata)}' if metadata is not None else ""
+    return (f'{{"formatVersion":{FORMAT_VERSION},"tensors":[{body}],"location":{enc(location)},'
+            f'"byteOffset":0,"byteLength":{length}{meta}}}\n')
+
+
 def _descriptor_text(desc: Dict[str, Any], lamp: bool) -> str:
     if lamp:
         return dumps_lamp(desc)
-    # one tensor per line: cheap to produce, pleasant to grep and diff
-    return dumps(desc).replace('},{"', '},\n{"').replace('"tensors":[{', '"tensors":[\n{', 1) + "\n"
+    # one tensor per line: pleasant to grep and diff
+    tensors = desc.get("tensors") or []
+    body = "\n" + ",\n".join(dumps(t) for t in tensors) if tensors else ""
+    rest = dumps({k: v for k, v in desc.items() if k not in ("formatVersion", "tensors")})
+    return f'{{"formatVersion":{desc["formatVersion"]},"tensors":[{body}],{rest[1:]}\n'
 
 
 def _check_metadata(metadata, lamp: bool):
@@ -172,6 +221,12 @@ def _check_metadata(metadata, lamp: bool):
         return None
     if lamp:
         raise ValueError("lamp=True writes exactly what lamp writes: metadata cannot be stored")
+    for ptr, node in walk(metadata):
+        if isinstance(node, dict):
+            bad = next((k for k in node if not isinstance(k, str)), None)
+            if bad is not None:  # json.dumps would turn 1 and True both into "1"
+                raise ValueError(f"metadata must be strict JSON with str keys, got key {bad!r} in the object at "
+                                 f"{ptr or '/'}")
     try:
         dumps(metadata)
     except (TypeError, ValueError) as e:
@@ -207,13 +262,12 @@ class _Commit:
     def open_data(self) -> int:
         flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
         self.fd = os.open(self.data_tmp, flags, 0o666)
+        _lock(self.fd)  # held until the commit ends: tells _sweep this save is alive
         return self.fd
 
     def finish_data(self) -> None:
         if self.durable:
             os.fsync(self.fd)
-        os.close(self.fd)
-        self.fd = None
         if not self.lamp:  # a fresh unique name: nothing refers to it yet
             os.rename(self.data_tmp, self.data_path)
             self.data_renamed = True
@@ -222,28 +276,68 @@ class _Commit:
         old = self._old_locations()
         fd = os.open(self.desc_tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
         try:
-            os.write(fd, text.encode("utf-8")) if len(text) < (1 << 30) else _write_all(fd, text.encode("utf-8"))
+            _lock(fd)
+            _write_all(fd, text.encode("utf-8"))
             if self.durable:
                 os.fsync(fd)
+            if self.lamp:
+                os.rename(self.data_tmp, self.data_path)
+                self.data_renamed = True
+            os.rename(self.desc_tmp, self.path)  # the commit point
         finally:
             os.close(fd)
-        if self.lamp:
-            os.rename(self.data_tmp, self.data_path)
-            self.data_renamed = True
-        os.rename(self.desc_tmp, self.path)  # the commit point
         if self.durable:
             _fsync_dir(self.dir)
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
         for loc in old:
             if loc != self.data_name:
                 try:
                     os.unlink(os.path.join(self.dir, loc))
                 except OSError:
                     pass
+        self._sweep()
+
+    def _sweep(self) -> None:
+        """Removes what killed saves of this path left: temp files and unreferenced data files.
+
+        A live save holds an flock on each of its files, so only files whose
+        writer is gone can be locked here; a data file the current descriptor
+        references is kept.
+        """
+        try:
+            names = os.listdir(self.dir)
+        except OSError:
+            return
+        tmp = re.compile(rf"\.{re.escape(self.base)}(\.[0-9a-f]{{8}})?(\.data)?\.[0-9a-f]{{8}}\.tmp\Z")
+        data = re.compile(rf"{re.escape(self.base)}\.[0-9a-f]{{8}}\.data\Z")
+        candidates = [n for n in names if n != self.data_name and (tmp.match(n) or data.match(n))]
+        referenced = None
+        for name in candidates:
+            path = os.path.join(self.dir, name)
+            try:
+                fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0))
+            except OSError:
+                continue
+            try:
+                if not _lock(fd, must=True):
+                    continue  # a live save owns it
+                if data.match(name):
+                    if referenced is None:
+                        referenced = set(self._old_locations())
+                    if name in referenced:
+                        continue
+                os.unlink(path)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
 
     def _old_locations(self) -> List[str]:
         """Data files of the document being replaced that this library named (safe to delete)."""
         try:
-            doc = read_json_file(self.path)
+            doc = read_json_file(self.path, fast=True)
         except (OSError, ValueError):
             return []
         own = []
@@ -272,6 +366,20 @@ class _Commit:
                 os.unlink(p)
             except OSError:
                 pass
+
+
+def _lock(fd: int, must: bool = False) -> bool:
+    """Takes an exclusive flock without waiting; False if another process holds one.
+
+    Filesystems without flock make it a no-op (and ``_sweep`` then keeps everything).
+    """
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    except OSError:
+        return not must
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -368,9 +476,12 @@ def save(path, tensors, *, metadata: Any = None, alignment: int = DEFAULT_ALIGNM
         [(_, offsets, length, crcs)] = _write_lists(fd, [items], alignment, checksum, durable, threads,
                                                     commit.data_tmp, lamp)
         commit.finish_data()
-        desc = _descriptor(_tensor_entries(items, offsets, crcs, lamp), commit.data_name, 0, length,
-                           metadata, lamp)
-        commit.commit(_descriptor_text(desc, lamp))
+        if lamp:
+            text = _descriptor_text(_descriptor(_tensor_entries(items, offsets, crcs, True), commit.data_name,
+                                                0, length, None, True), True)
+        else:
+            text = _fast_descriptor_text(items, offsets, crcs, commit.data_name, length, metadata)
+        commit.commit(text)
     except BaseException:
         commit.abort()
         raise
@@ -443,6 +554,7 @@ class Writer:
                 raise TypeError(f"tensor names must be str, got {name!r}")
             if name in self._names:
                 raise ValueError(f"duplicate tensor name {name!r}")
+            _check_names([name], self.path)
             self._names.add(name)
         offset = _align(self._end, max(self.alignment, dtype.itemsize))
         e: Dict[str, Any] = {}
@@ -459,7 +571,7 @@ class Writer:
         """Appends a tensor: ``add(name, array)``, or ``add(array)`` in a positional list."""
         self._check_open()
         name, value = (name_or_value, value) if value is not None else (None, name_or_value)
-        item = _Item(name, value, f"{self.path}: tensor {name if name is not None else len(self._entries)!r}")
+        item = _Item(name, value, lambda: f"{self.path}: tensor {name if name is not None else len(self._entries)!r}")
         offset, e = self._entry(name, item.shape, item.dtype, item.nbytes)
         try:
             crcs = _lowlevel.write_items(self._fd, [item.array], [offset], [item.swap], self._end,

@@ -445,8 +445,6 @@ def test_metadata_that_is_not_strict_json_is_refused(tmp_path, bad):
     assert tl.open(path).metadata == {"old": True} and len(tl.load(path)["x"]) == 3
 
 
-@pytest.mark.xfail(strict=True, reason="bug: json.dumps turns non-str metadata keys into strings "
-                   "(1 and True both become '1', so one value is silently lost)")
 def test_metadata_with_non_str_keys_is_refused(tmp_path):
     with pytest.raises((TypeError, ValueError), match="str keys"):
         tl.save(tmp_path / "m.tl", [np.zeros(1)], metadata={1: "a", True: "b"})
