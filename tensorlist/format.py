@@ -38,6 +38,7 @@ __all__ = [
     "find_tensor_lists",
     "read_json_file",
     "check_location",
+    "check_data_path",
 ]
 
 #: Version of the tensorlist extensions; written as ``formatVersion``. Files
@@ -63,10 +64,28 @@ MAX_INT = (1 << 63) - 1
 
 
 class Limits(NamedTuple):
-    """Policy limits applied while reading; raise them for unusual files."""
+    """Policy limits applied while reading; raise them for unusual files.
+
+    ``max_total_bytes`` caps a list's ``byteLength`` (what ``load(mmap=False)``
+    allocates and reads). None, the default, leaves it bounded by the data
+    file's size only: overlap is refused, so the tensors' total is at most the
+    list's ``byteLength``, which is at most the file's size (rule 13). Set it
+    when the file may be sparse or come from someone you do not trust with
+    your memory.
+    """
 
     max_descriptor_bytes: int = MAX_DESCRIPTOR_BYTES
     max_tensors: int = MAX_TENSORS
+    max_total_bytes: Optional[int] = None
+
+    @classmethod
+    def of(cls, max_descriptor_bytes: Optional[int] = None, max_tensors: Optional[int] = None,
+           max_total_bytes: Optional[int] = None) -> "Limits":
+        """Limits from keyword arguments, None meaning the default."""
+        d = cls()
+        return cls(d.max_descriptor_bytes if max_descriptor_bytes is None else max_descriptor_bytes,
+                   d.max_tensors if max_tensors is None else max_tensors,
+                   max_total_bytes)
 
 
 class TensorInfo(NamedTuple):
@@ -350,6 +369,9 @@ def parse_list(
         fail(f"must be a multiple of {LIST_ALIGNMENT}, got {list_offset}", "byteOffset")
     if list_offset + list_length > MAX_INT:
         fail("byteOffset + byteLength overflows 64 bits", "byteLength")
+    if limits.max_total_bytes is not None and list_length > limits.max_total_bytes:
+        fail(f"list is {list_length} bytes, above the limit of {limits.max_total_bytes} "
+             "(raise it with max_total_bytes=)", "byteLength")
     version = obj.get("formatVersion", _MISSING)
     if version is _MISSING:
         version = None
@@ -529,6 +551,35 @@ def _fast_table(span: TensorSpan, limits: Limits) -> Optional[TensorTable]:
     if (crcs >= 0).any():
         crc_list = [c if c >= 0 else None for c in crcs.tolist()]
     return TensorTable(names, dtypes, shapes, cols["offsets"].tolist(), cols["lengths"].tolist(), crc_list)
+
+
+def _inside(path: str, root: str) -> bool:
+    root = root.rstrip(os.sep) or os.sep
+    return path == root or path.startswith(root if root == os.sep else root + os.sep)
+
+
+def check_data_path(desc: ListDescriptor, allow_outside: bool = False) -> None:
+    """Refuses a data file whose real path (symlinks resolved) leaves the document's directory.
+
+    ``location`` itself is checked lexically (rule 12); this closes the other
+    door, a symlink (the data file, or a directory on its path) pointing
+    elsewhere. Two directories are accepted: the descriptor's directory and,
+    when the descriptor file is itself a symlink, the directory of its target
+    (content-addressed caches keep both files as symlinks into one blob
+    directory). ``allow_outside=True`` trusts any target.
+    """
+    if allow_outside or desc.base_dir is None:
+        return
+    path = desc.data_path
+    real = os.path.realpath(path)
+    roots = [os.path.realpath(desc.base_dir)]
+    if desc.file is not None:
+        roots.append(os.path.dirname(os.path.realpath(desc.file)))
+    if not any(_inside(real, r) for r in roots):
+        raise FormatError(
+            f"data file {path!r} resolves to {real!r}, outside the descriptor's directory "
+            "(a symlink; pass allow_outside=True to trust it)",
+            file=desc.file, field=f"{desc.pointer}/location" if desc.pointer else "location")
 
 
 def check_data_size(desc: ListDescriptor, size: int, data_path: str) -> None:

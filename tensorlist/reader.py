@@ -23,6 +23,7 @@ from .format import (
     Limits,
     ListDescriptor,
     TensorInfo,
+    check_data_path,
     check_data_size,
     find_tensor_lists,
     parse_list,
@@ -56,7 +57,7 @@ def _base_dir(path: str) -> str:
 class _Data:
     """The open data file of one list: a read-only mapping or an fd for pread."""
 
-    def __init__(self, desc: ListDescriptor, use_mmap: bool):
+    def __init__(self, desc: ListDescriptor, use_mmap: bool, allow_outside: bool = False):
         self.desc = desc
         self.path = desc.data_path
         self.view: Optional[memoryview] = None
@@ -65,6 +66,7 @@ class _Data:
         self.use_mmap = use_mmap
         if desc.byte_length == 0:
             return  # nothing to read: lamp does not touch the file either
+        check_data_path(desc, allow_outside)
         flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
         fd = os.open(self.path, flags)  # FileNotFoundError is handled by the caller
         try:
@@ -171,7 +173,8 @@ class Reader:
             process with SIGBUS on access, pread raises FormatError instead).
         allow_outside: trust a ``location`` that is absolute or leaves the
             document's directory.
-        max_descriptor_bytes, max_tensors: policy limits (see ``format.Limits``).
+        max_descriptor_bytes, max_tensors, max_total_bytes: policy limits
+            (see ``format.Limits``).
 
     Example:
         >>> import numpy as np, tensorlist, tempfile, os
@@ -191,12 +194,10 @@ class Reader:
         allow_outside: bool = False,
         max_descriptor_bytes: Optional[int] = None,
         max_tensors: Optional[int] = None,
+        max_total_bytes: Optional[int] = None,
     ):
         self.path = os.fspath(path)
-        self._limits = Limits(
-            max_descriptor_bytes if max_descriptor_bytes is not None else Limits().max_descriptor_bytes,
-            max_tensors if max_tensors is not None else Limits().max_tensors,
-        )
+        self._limits = Limits.of(max_descriptor_bytes, max_tensors, max_total_bytes)
         self._mmap = mmap
         self._index: Optional[Dict[str, int]] = None
         # A concurrent save may replace the descriptor and delete the data file
@@ -205,7 +206,7 @@ class Reader:
         for _ in range(5):
             desc = self._read_descriptor(pointer, allow_outside)
             try:
-                self._data = _Data(desc, mmap)
+                self._data = _Data(desc, mmap, allow_outside)
                 break
             except FileNotFoundError as e:
                 last_error = e
@@ -347,7 +348,8 @@ def load(path, *, pointer: Optional[str] = None, mmap: bool = True, verify: bool
             no byte read until used. False: one parallel read into private,
             writable memory.
         verify: check the stored CRC32Cs first (ChecksumError on mismatch).
-        **kwargs: ``allow_outside``, ``max_descriptor_bytes``, ``max_tensors``.
+        **kwargs: ``allow_outside``, ``max_descriptor_bytes``, ``max_tensors``,
+            ``max_total_bytes``.
 
     Returns:
         dict name -> array, in file order; unnamed tensors keyed "0", "1", ...
@@ -371,8 +373,8 @@ def load_document(path, *, mmap: bool = True, **kwargs):
         dict name -> array (as ``load`` returns it).
     """
     path = os.fspath(path)
-    limits = Limits(kwargs.pop("max_descriptor_bytes", Limits().max_descriptor_bytes),
-                    kwargs.pop("max_tensors", Limits().max_tensors))
+    limits = Limits.of(kwargs.pop("max_descriptor_bytes", None), kwargs.pop("max_tensors", None),
+                       kwargs.pop("max_total_bytes", None))
     allow_outside = kwargs.pop("allow_outside", False)
     if kwargs:
         raise TypeError(f"unexpected arguments {sorted(kwargs)}")
@@ -384,7 +386,7 @@ def load_document(path, *, mmap: bool = True, **kwargs):
         desc = parse_list(resolve_pointer(doc, ptr), file=path, pointer=ptr, base_dir=base,
                           allow_outside=allow_outside, limits=limits)
         try:
-            data = _Data(desc, mmap)
+            data = _Data(desc, mmap, allow_outside)
         except FileNotFoundError as e:
             raise FormatError(f"data file {desc.data_path!r} does not exist", file=path,
                               field=f"{ptr}/location" if ptr else "location") from e

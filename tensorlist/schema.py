@@ -65,8 +65,8 @@ def _schema_check(obj: Any, file: Optional[str], pointer: str) -> None:
 
 def validate(obj, *, pointer: Optional[str] = None, base_dir=None, check_data: bool = True,
              verify: bool = False, allow_outside: bool = False,
-             max_descriptor_bytes: Optional[int] = None, max_tensors: Optional[int] = None
-             ) -> List[ListDescriptor]:
+             max_descriptor_bytes: Optional[int] = None, max_tensors: Optional[int] = None,
+             max_total_bytes: Optional[int] = None) -> List[ListDescriptor]:
     """Validates TensorList descriptors: the JSON Schema, then every semantic rule.
 
     Args:
@@ -79,7 +79,10 @@ def validate(obj, *, pointer: Optional[str] = None, base_dir=None, check_data: b
             is not checked unless this is given).
         check_data: check that the data file exists and is large enough.
         verify: also check the stored CRC32C checksums against the data.
-        allow_outside: accept a ``location`` that is absolute or leaves the directory.
+        allow_outside: accept a ``location`` that is absolute or leaves the
+            directory, or a data file that is a symlink to elsewhere.
+        max_descriptor_bytes, max_tensors, max_total_bytes: policy limits
+            (see ``format.Limits``).
 
     Returns:
         The validated descriptors, one per TensorList (each knows its pointer).
@@ -87,10 +90,7 @@ def validate(obj, *, pointer: Optional[str] = None, base_dir=None, check_data: b
     Raises:
         FormatError: naming the file, the tensor (index and name) and the field.
     """
-    limits = Limits(
-        max_descriptor_bytes if max_descriptor_bytes is not None else Limits().max_descriptor_bytes,
-        max_tensors if max_tensors is not None else Limits().max_tensors,
-    )
+    limits = Limits.of(max_descriptor_bytes, max_tensors, max_total_bytes)
     file = None
     if isinstance(obj, (dict, list)):
         doc = obj
@@ -119,17 +119,17 @@ def validate(obj, *, pointer: Optional[str] = None, base_dir=None, check_data: b
         desc = parse_list(node, file=file, pointer=ptr, base_dir=base, allow_outside=allow_outside,
                           limits=limits)
         if base is not None and (check_data or verify) and desc.byte_length > 0:
-            _check_data(desc, verify)
+            _check_data(desc, verify, allow_outside)
         out.append(desc)
     return out
 
 
-def _check_data(desc: ListDescriptor, verify: bool) -> None:
+def _check_data(desc: ListDescriptor, verify: bool, allow_outside: bool = False) -> None:
     from .reader import _Data, _verify
 
     field = f"{desc.pointer}/location" if desc.pointer else "location"
     try:
-        data = _Data(desc, use_mmap=True)
+        data = _Data(desc, use_mmap=True, allow_outside=allow_outside)
     except FileNotFoundError as e:
         raise FormatError(f"data file {desc.data_path!r} does not exist", file=desc.file, field=field) from e
     except IsADirectoryError as e:
