@@ -7,6 +7,8 @@ memory instead of converting values.
 """
 from __future__ import annotations
 
+import logging
+import os
 import warnings
 from typing import Dict, Optional
 
@@ -15,7 +17,11 @@ import torch
 
 from . import _dtypes
 
-__all__ = ["to_numpy", "from_numpy", "torch_dtype"]
+__all__ = [
+    "to_numpy", "from_numpy", "torch_dtype", "state_to_numpy", "module_state", "LoadResult",
+    "save_module_state", "load_module_state", "load_state", "save_optimizer_state", "load_optimizer_state",
+    "optimizer_state_parts", "optimizer_state_from_parts", "check_optimizer_state",
+]
 
 
 def torch_dtype(code_or_name) -> torch.dtype:
@@ -70,3 +76,330 @@ def from_numpy(a: np.ndarray, device: Optional[torch.device] = None) -> torch.Te
 def state_to_numpy(state: Dict[str, torch.Tensor]) -> Dict[str, np.ndarray]:
     """A state_dict's tensors as numpy arrays (zero-copy on CPU)."""
     return {k: to_numpy(v) for k, v in state.items()}
+
+
+# --------------------------------------------------------------------------
+# module and optimizer state files
+#
+# A module's state file is a model file (see docs/TRAINING_RECORD.md): the
+# state_dict as a named TensorList with the training record and the data
+# record in its metadata when they are given. An optimizer's state file holds
+# every tensor of ``optimizer.state_dict()`` as a named TensorList
+# ("state.<param index>.<key>") and everything else (param_groups, scalar
+# step counts, which entries are tensors) as JSON in its metadata, so that
+# ``load_optimizer_state`` rebuilds the exact same state_dict.
+
+import dataclasses as _dataclasses  # noqa: E402
+import json as _json  # noqa: E402
+import math as _math  # noqa: E402
+from typing import Any, List, Mapping, Tuple  # noqa: E402
+
+OPTIMIZER_STATE_FORMAT = "tensorlist.torch-optimizer-state/1"
+
+
+@_dataclasses.dataclass(frozen=True)
+class LoadResult:
+    """What a non-strict load did (BigDL's ``loadWeights(path, matchAll=false)``, made explicit).
+
+    Attributes:
+        loaded: names copied into the module.
+        missing: the module's names the file does not hold (left unchanged).
+        unexpected: the file's names the module does not have (ignored).
+        mismatched: ``(name, file shape, module shape)`` for names of the wrong
+            shape (left unchanged).
+    """
+
+    loaded: Tuple[str, ...]
+    missing: Tuple[str, ...]
+    unexpected: Tuple[str, ...]
+    mismatched: Tuple[Tuple[str, Tuple[int, ...], Tuple[int, ...]], ...]
+
+    @property
+    def complete(self) -> bool:
+        """True when every tensor of the module was loaded and nothing was left over."""
+        return not (self.missing or self.unexpected or self.mismatched)
+
+    def summary(self) -> str:
+        parts = [f"{len(self.loaded)} loaded"]
+        if self.missing:
+            parts.append(f"missing {list(self.missing)}")
+        if self.unexpected:
+            parts.append(f"unexpected {list(self.unexpected)}")
+        if self.mismatched:
+            parts.append("wrong shape " + ", ".join(f"{n}: file {list(a)} vs module {list(b)}"
+                                                    for n, a, b in self.mismatched))
+        return "; ".join(parts)
+
+
+def module_state(module: torch.nn.Module) -> Dict[str, torch.Tensor]:
+    """The module's parameters and buffers by name (``state_dict`` order, detached)."""
+    return {k: v.detach() for k, v in module.state_dict(keep_vars=True).items() if isinstance(v, torch.Tensor)}
+
+
+def save_module_state(path, module, *, training: Optional[Mapping] = None,
+                      dataset_params: Optional[Mapping] = None, metadata: Optional[Mapping] = None,
+                      **save_options) -> None:
+    """Saves a module's parameters and buffers as a named TensorList (a model file).
+
+    Args:
+        path: the descriptor path (the data file goes beside it).
+        module: a ``torch.nn.Module`` or a state_dict.
+        training, dataset_params: the training record and the data record
+            (see ``tensorlist.record``); when given, the file is a model file
+            that ``read_training_record`` and ``verify_model_file`` accept.
+            Give both or neither.
+        metadata: other metadata keys.
+        **save_options: passed to ``tensorlist.save``.
+
+    Example:
+        >>> import torch, tempfile, os, tensorlist.torch as tt
+        >>> path = os.path.join(tempfile.mkdtemp(), "m.json")
+        >>> tt.save_module_state(path, torch.nn.Linear(2, 3))
+        >>> sorted(tt.load_module_state(path, torch.nn.Linear(2, 3)).loaded)
+        ['bias', 'weight']
+    """
+    state = module_state(module) if isinstance(module, torch.nn.Module) else dict(module)
+    arrays = {k: to_numpy(v) for k, v in state.items()}
+    if (training is None) != (dataset_params is None):
+        raise ValueError("give both training= and dataset_params= (a model file holds both records), or neither")
+    if training is not None:
+        from .record import save_model_file
+
+        save_model_file(path, arrays, training=training, dataset_params=dataset_params, metadata=metadata,
+                        **save_options)
+        return
+    from . import writer
+
+    writer.save(path, arrays, metadata=dict(metadata) if metadata else None, **save_options)
+
+
+def load_state(path, *, device=None, pointer: Optional[str] = None, mmap: bool = True) -> Dict[str, torch.Tensor]:
+    """A TensorList as a dict of torch tensors.
+
+    On CPU (``device`` None or ``"cpu"``) the tensors share the file's memory
+    mapping: zero-copy, and read-only by contract (copy before writing in
+    place). On another device each tensor is copied there once.
+    """
+    from .reader import load
+
+    arrays = load(path, pointer=pointer, mmap=mmap)
+    dev = None if device is None or torch.device(device).type == "cpu" else torch.device(device)
+    return {k: from_numpy(a, dev) for k, a in arrays.items()}
+
+
+def _match(module_state_: Mapping[str, torch.Tensor], file_state: Mapping[str, torch.Tensor]):
+    loaded, missing, mismatched = [], [], []
+    for name, t in module_state_.items():
+        if name not in file_state:
+            missing.append(name)
+        elif tuple(file_state[name].shape) != tuple(t.shape):
+            mismatched.append((name, tuple(file_state[name].shape), tuple(t.shape)))
+        else:
+            loaded.append(name)
+    unexpected = [n for n in file_state if n not in module_state_]
+    return loaded, missing, unexpected, mismatched
+
+
+def load_module_state(path, module: torch.nn.Module, *, strict: bool = True, device=None,
+                      pointer: Optional[str] = None) -> LoadResult:
+    """Loads parameters and buffers from a TensorList into ``module`` (BigDL's ``loadWeights``).
+
+    Strict (the default, BigDL's ``matchAll=true``): every name must match in
+    both directions with the same shape, else ``KeyError``/``ValueError`` is
+    raised and the module is left untouched. Non-strict: copies what matches
+    and returns a :class:`LoadResult` listing what was missing, unexpected or
+    of the wrong shape; it logs a warning when the load was partial, so a
+    partial load is never silent.
+
+    Values are copied into the module's own tensors (``Tensor.copy_``, on the
+    module's device and dtype); the file is read through its memory mapping
+    with no intermediate copy. ``device`` moves the module first.
+
+    Raises:
+        KeyError: strict and names differ (both lists in the message).
+        ValueError: strict and shapes differ, or a dtype cannot be cast.
+    """
+    if device is not None:
+        module.to(device)
+    file_state = load_state(path, pointer=pointer)
+    own = module.state_dict(keep_vars=True)
+    loaded, missing, unexpected, mismatched = _match(own, file_state)
+    result = LoadResult(tuple(loaded), tuple(missing), tuple(unexpected), tuple(mismatched))
+    if strict and (missing or unexpected):
+        raise KeyError(f"{os.fspath(path)}: state does not match the module "
+                       f"(missing in file: {missing}, unexpected in file: {unexpected}); "
+                       "pass strict=False to load what matches")
+    if strict and mismatched:
+        raise ValueError(f"{os.fspath(path)}: wrong shapes: " + ", ".join(
+            f"{n}: file {list(a)} vs module {list(b)}" for n, a, b in mismatched))
+    with torch.no_grad():
+        for name in loaded:
+            own[name].copy_(file_state[name])
+    if not result.complete:
+        logging.getLogger("tensorlist.torch").warning("%s: partial load into %s: %s", os.fspath(path),
+                                                      type(module).__name__, result.summary())
+    return result
+
+
+def _json_safe(value, where: str):
+    """Optimizer state_dict values that are not tensors, as strict JSON (with a type tag where needed)."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        if _math.isfinite(value):
+            return value
+        return {"__float__": repr(value)}
+    if isinstance(value, (list, tuple)):
+        out = [_json_safe(v, f"{where}[{i}]") for i, v in enumerate(value)]
+        return out if isinstance(value, list) else {"__tuple__": out}
+    if isinstance(value, dict):
+        if not all(isinstance(k, str) for k in value):
+            return {"__dict__": [[_json_safe(k, where), _json_safe(v, f"{where}.{k}")] for k, v in value.items()]}
+        return {k: _json_safe(v, f"{where}.{k}") for k, v in value.items()}
+    raise TypeError(f"optimizer state {where}: cannot store a {type(value).__qualname__} as JSON")
+
+
+def _from_json_safe(value):
+    if isinstance(value, list):
+        return [_from_json_safe(v) for v in value]
+    if isinstance(value, dict):
+        if set(value) == {"__float__"}:
+            return float(value["__float__"])
+        if set(value) == {"__tuple__"}:
+            return tuple(_from_json_safe(v) for v in value["__tuple__"])
+        if set(value) == {"__dict__"}:
+            return {_from_json_safe(k): _from_json_safe(v) for k, v in value["__dict__"]}
+        return {k: _from_json_safe(v) for k, v in value.items()}
+    return value
+
+
+def optimizer_state_parts(state_dict: Mapping) -> Tuple[Dict[str, torch.Tensor], dict]:
+    """Splits an optimizer ``state_dict`` into named tensors and JSON metadata.
+
+    Tensors of ``state`` become ``"state.<param id>.<key>"``; scalars and the
+    ``param_groups`` go into the JSON, which also lists which keys were
+    tensors. :func:`optimizer_state_from_parts` is the inverse.
+    """
+    tensors: Dict[str, torch.Tensor] = {}
+    state_json: List[list] = []
+    for pid, entry in state_dict["state"].items():
+        plain = {}
+        tensor_keys = []
+        for key, value in entry.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"state.{pid}.{key}"] = value.detach()
+                tensor_keys.append(key)
+            else:
+                plain[key] = _json_safe(value, f"state[{pid}].{key}")
+        state_json.append([_json_safe(pid, "state"), tensor_keys, plain])
+    meta = {
+        "format": OPTIMIZER_STATE_FORMAT,
+        "state": state_json,
+        "param_groups": _json_safe(list(state_dict["param_groups"]), "param_groups"),
+    }
+    extra = {k: v for k, v in state_dict.items() if k not in ("state", "param_groups")}
+    if extra:
+        meta["extra"] = _json_safe(extra, "extra")
+    return tensors, meta
+
+
+def optimizer_state_from_parts(tensors: Mapping[str, torch.Tensor], meta: Mapping) -> dict:
+    """Rebuilds the ``state_dict`` that :func:`optimizer_state_parts` split."""
+    if not isinstance(meta, Mapping) or meta.get("format") != OPTIMIZER_STATE_FORMAT:
+        raise ValueError(f"not an optimizer state (expected metadata format {OPTIMIZER_STATE_FORMAT!r})")
+    state = {}
+    for pid, tensor_keys, plain in meta["state"]:
+        pid = _from_json_safe(pid)
+        entry = {}
+        for key in tensor_keys:
+            name = f"state.{pid}.{key}"
+            if name not in tensors:
+                raise ValueError(f"optimizer state: tensor {name!r} is missing")
+            entry[key] = tensors[name]
+        entry.update(_from_json_safe(plain))
+        state[pid] = entry
+    out = {"state": state, "param_groups": _from_json_safe(meta["param_groups"])}
+    out.update(_from_json_safe(meta.get("extra", {})))
+    return out
+
+
+def save_optimizer_state(path, optimizer, *, training: Optional[Mapping] = None,
+                         dataset_params: Optional[Mapping] = None, **save_options) -> None:
+    """Saves ``optimizer.state_dict()`` (or a state_dict) as a TensorList with JSON metadata.
+
+    The training record and data record, when given, go into the metadata
+    next to the optimizer's JSON part (under ``training``/``dataset_params``).
+    """
+    sd = optimizer.state_dict() if hasattr(optimizer, "state_dict") else optimizer
+    tensors, meta = optimizer_state_parts(sd)
+    metadata = {"optimizer": meta}
+    if (training is None) != (dataset_params is None):
+        raise ValueError("give both training= and dataset_params=, or neither")
+    if training is not None:
+        from .record import validate_dataset_params, validate_training_record
+
+        validate_training_record(training, field_prefix="training")
+        validate_dataset_params(dataset_params, field_prefix="dataset_params")
+        metadata["training"] = _json.loads(_json.dumps(training))
+        metadata["dataset_params"] = _json.loads(_json.dumps(dataset_params))
+    from . import writer
+
+    writer.save(path, {k: to_numpy(v) for k, v in tensors.items()}, metadata=metadata, **save_options)
+
+
+def load_optimizer_state(path, optimizer=None, *, device=None, pointer: Optional[str] = None) -> dict:
+    """Reads an optimizer state file; loads it into ``optimizer`` when given.
+
+    ``optimizer.load_state_dict`` copies and casts the tensors to its
+    parameters' devices; the returned state_dict's tensors are zero-copy
+    views of the file on CPU (or copies on ``device``).
+
+    Raises:
+        ValueError: the file is not an optimizer state, or it does not fit the
+            optimizer (another class, other groups or parameter counts); the
+            optimizer is then left unchanged.
+    """
+    from .reader import Reader
+
+    with Reader(path, pointer=pointer) as r:
+        meta = r.metadata
+    meta = meta.get("optimizer") if isinstance(meta, Mapping) else None
+    if meta is None:
+        raise ValueError(f"{os.fspath(path)}: not an optimizer state file (no 'optimizer' in its metadata)")
+    # private, writable memory (one read, no extra copy): torch's
+    # load_state_dict keeps tensors that already have the right dtype and
+    # device, and the optimizer then updates them in place, which a read-only
+    # mapping would not survive
+    tensors = load_state(path, device=device, pointer=pointer, mmap=False)
+    sd = optimizer_state_from_parts(tensors, meta)
+    if optimizer is not None:
+        check_optimizer_state(optimizer, sd, where=os.fspath(path))
+        optimizer.load_state_dict(sd)
+    return sd
+
+
+def check_optimizer_state(optimizer, sd: Mapping, *, where: str = "optimizer state") -> None:
+    """Raises ValueError when ``sd`` cannot belong to ``optimizer`` (groups, sizes, shapes, keys)."""
+    groups = optimizer.param_groups
+    saved = sd["param_groups"]
+    if len(groups) != len(saved):
+        raise ValueError(f"{where}: {len(saved)} parameter groups saved, the optimizer has {len(groups)}")
+    params = []
+    for i, (g, s) in enumerate(zip(groups, saved)):
+        if len(g["params"]) != len(s["params"]):
+            raise ValueError(f"{where}: group {i} saved with {len(s['params'])} parameters, "
+                             f"the optimizer has {len(g['params'])}")
+        missing = set(g) - set(s) - {"params"}
+        if missing:
+            raise ValueError(f"{where}: group {i} lacks settings {sorted(missing)} of "
+                             f"{type(optimizer).__name__}: saved by another optimizer class?")
+        params.extend(zip(s["params"], g["params"]))
+    for pid, p in params:
+        entry = sd["state"].get(pid, {})
+        for key, value in entry.items():
+            if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape != p.shape \
+                    and key not in ("step",):
+                raise ValueError(f"{where}: state {key!r} of parameter {pid} has shape {list(value.shape)}, "
+                                 f"the parameter {list(p.shape)}")
