@@ -56,6 +56,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 import numpy as np
 
 from . import _dtypes
+from ._jsonio import loads_strict
 from .errors import FormatError
 
 __all__ = [
@@ -121,14 +122,10 @@ class RecordWarning(UserWarning):
 
 @functools.lru_cache(maxsize=None)
 def _schema(name: str) -> dict:
-    """The JSON Schema ``name`` from the installed ``tensorlist.schemas``."""
-    try:
-        text = (importlib.resources.files("tensorlist.schemas") / name).read_text("utf-8")
-    except (ModuleNotFoundError, FileNotFoundError):
-        # A source checkout: the packaging maps the top-level schemas/ to
-        # tensorlist.schemas, which only exists once installed.
-        text = (Path(__file__).resolve().parent.parent / "schemas" / name).read_text("utf-8")
-    return json.loads(text)
+    """The JSON Schema ``name`` shipped in ``tensorlist.schemas``."""
+    from .schema import load_schema  # schema imports the reader; keep record importable first
+
+    return load_schema(name)
 
 
 @functools.lru_cache(maxsize=None)
@@ -144,41 +141,17 @@ def _validator(name: str):
 # strict JSON
 
 
-class _StrictJSONError(ValueError):
-    pass
-
-
-def _no_duplicates(pairs):
-    out = {}
-    for key, value in pairs:
-        if key in out:
-            raise _StrictJSONError(f"duplicate key {key!r}")
-        out[key] = value
-    return out
-
-
-def _no_constants(name):
-    raise _StrictJSONError(f"{name} is not valid JSON")
-
-
 def _loads_strict(text, *, file=None) -> Any:
-    if isinstance(text, (bytes, bytearray, memoryview)):
-        try:
-            text = bytes(text).decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise FormatError(
-                f"not a JSON file: not UTF-8 text ({e.reason} at byte {e.start}); a model file is "
-                "the JSON descriptor, not its data file",
-                file=file,
-            ) from e
+    """The core's strict JSON (no duplicate keys, no NaN/Infinity), with hints for a wrong file."""
     try:
-        return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
-    except _StrictJSONError as e:
-        raise FormatError(f"invalid JSON: {e}", file=file) from e
-    except json.JSONDecodeError as e:
-        raise FormatError(f"not a JSON file: {e.msg} at line {e.lineno} column {e.colno}", file=file) from e
-    except RecursionError as e:
-        raise FormatError("invalid JSON: nesting too deep", file=file) from e
+        return loads_strict(text, file=file)
+    except FormatError as e:
+        if e.reason.startswith("descriptor is not UTF-8"):
+            raise FormatError(f"not a JSON file: not UTF-8 text{e.reason[len('descriptor is not UTF-8'):]}; "
+                              "a model file is the JSON descriptor, not its data file", file=file) from e
+        if e.reason.startswith("invalid JSON: ") and " at line " in e.reason and "duplicate" not in e.reason:
+            raise FormatError("not a JSON file: " + e.reason[len("invalid JSON: "):], file=file) from e
+        raise
 
 
 def _read_json_file(path) -> Any:
