@@ -38,7 +38,6 @@ import datetime as _dt
 import enum
 import functools
 import hashlib
-import importlib.resources
 import inspect
 import json
 import math
@@ -50,7 +49,6 @@ import struct
 import sys
 import warnings
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 import numpy as np

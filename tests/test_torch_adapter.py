@@ -1,5 +1,4 @@
 """torch tensors go in and come out bit-exact, bfloat16 and float8 included (CPU, never skipped)."""
-import numpy as np
 import pytest
 import torch
 
