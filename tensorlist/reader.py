@@ -185,6 +185,13 @@ class Reader:
         ['w'] 2.0
     """
 
+    def __new__(cls, path=None, *args, **kwargs):
+        if isinstance(path, str) and "://" in path:  # an fsspec URL: see tensorlist.remote
+            from .remote import RemoteReader
+
+            return RemoteReader(path, *args, **kwargs)
+        return super().__new__(cls)
+
     def __init__(
         self,
         path,

@@ -462,6 +462,11 @@ def save(path, tensors, *, metadata: Any = None, alignment: int = DEFAULT_ALIGNM
         >>> tensorlist.load(path)["w"].shape
         (2, 3)
     """
+    if isinstance(path, str) and "://" in path:  # an fsspec URL: see tensorlist.remote
+        from .remote import save as _remote_save
+
+        return _remote_save(path, tensors, metadata=metadata, alignment=alignment, checksum=checksum,
+                            lamp=lamp, durable=durable, threads=threads)
     if lamp:
         alignment = MIN_TENSOR_ALIGNMENT
     _check_alignment(alignment)
@@ -513,6 +518,13 @@ class Writer:
         >>> tensorlist.load(path)["b"].sum()
         np.float32(28.0)
     """
+
+    def __new__(cls, path=None, *args, **kwargs):
+        if isinstance(path, str) and "://" in path:  # an fsspec URL: see tensorlist.remote
+            from .remote import RemoteWriter
+
+            return RemoteWriter(path, *args, **kwargs)
+        return super().__new__(cls)
 
     def __init__(self, path, *, metadata: Any = None, alignment: int = DEFAULT_ALIGNMENT,
                  checksum: bool = True, lamp: bool = False, durable: bool = True,

@@ -1,0 +1,458 @@
+"""Remote storage: tensorlist files behind fsspec URLs (``s3://``, ``gs://``, ``hdfs://``, ``memory://``...).
+
+``tensorlist.open``, ``load``, ``Reader``, ``save`` and ``Writer`` hand any
+``scheme://`` path to this module; call it directly to pass fsspec
+``storage_options`` (credentials, ``client_kwargs={"endpoint_url": ...}``).
+Without them, fsspec's own configuration applies (for S3: the usual
+``AWS_*`` environment variables, ``AWS_ENDPOINT_URL`` included).
+
+Reads fetch the descriptor first, validate it exactly as a local read does
+(``parse_list``, the data object's size), then fetch only the byte ranges
+of the tensors asked for, in parallel (fsspec ``cat_ranges``). ``location``
+is resolved against the descriptor's directory and may not leave it.
+
+Writes build the files in a local temporary directory, upload the data
+object (under a fresh unique name, as a local save does), then the
+descriptor last: a failed upload never leaves a descriptor that points at
+missing data. The data object of the replaced descriptor is deleted after
+the new descriptor is in place. (lamp mode keeps lamp's fixed data name, so
+as locally there is a window in which the old descriptor meets new data.)
+
+Example:
+    >>> import numpy as np, tensorlist
+    >>> tensorlist.save("memory://doc/remote.tl", {"w": np.arange(3.0)})
+    >>> tensorlist.load("memory://doc/remote.tl")["w"]
+    array([0., 1., 2.])
+"""
+from __future__ import annotations
+
+import builtins
+import os
+import posixpath
+import re
+import shutil
+import tempfile
+from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
+
+import numpy as np
+
+from . import _lowlevel
+from ._jsonio import loads_strict
+from .errors import ChecksumError, FormatError, TensorListError
+from .format import Limits, ListDescriptor, TensorInfo, check_data_size, parse_list
+
+__all__ = ["is_url", "RemoteError", "RemoteReader", "RemoteWriter", "open", "load", "save"]
+
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
+_OWN_DATA = re.compile(r"\.[0-9a-f]{8}\.data\Z")
+
+
+def is_url(path) -> bool:
+    """Whether ``path`` is a URL (``scheme://...``) rather than a local path.
+
+    >>> is_url("s3://bucket/model.tl"), is_url("memory://x"), is_url("runs/model.tl")
+    (True, True, False)
+    """
+    return isinstance(path, str) and _URL.match(path) is not None
+
+
+class RemoteError(TensorListError, OSError):
+    """A remote store could not be reached or refused an operation."""
+
+
+def _filesystem(url: str, storage_options: Optional[dict]):
+    try:
+        import fsspec
+    except ImportError as e:
+        raise ImportError(f"{url}: remote URLs need fsspec: pip install 'tensorlist[remote]'") from e
+    try:
+        return fsspec.core.url_to_fs(url, **(storage_options or {}))
+    except ImportError as e:
+        raise ImportError(f"{url}: {e}") from None
+    except ValueError as e:
+        raise RemoteError(f"{url}: {e}") from None
+
+
+def _oneline(e: BaseException) -> str:
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text if len(text) < 300 else text[:300] + " ..."
+
+
+def _call(url: str, what: str, fn, *args, **kwargs):
+    """Runs an fsspec call, turning its many exception types into one clear error."""
+    try:
+        return fn(*args, **kwargs)
+    except (FileNotFoundError, TensorListError):
+        raise
+    except Exception as e:  # botocore, aiohttp, pyarrow... each has its own tree
+        raise RemoteError(f"{url}: cannot {what}: {type(e).__name__}: {_oneline(e)}") from e
+
+
+def _join(fs, path: str, location: str) -> str:
+    if posixpath.isabs(location):  # only accepted with allow_outside=True
+        return location
+    return posixpath.normpath(posixpath.join(posixpath.dirname(path), location))
+
+
+def _url_of(fs, path: str) -> str:
+    try:
+        return fs.unstrip_protocol(path)
+    except Exception:
+        return path
+
+
+class RemoteReader:
+    """A Reader over a remote TensorList: the interface of :class:`tensorlist.Reader`.
+
+    Tensors are fetched when asked for (``r["w"]``, ``r.get_many([...])``,
+    ``to_dict()``) as read-only numpy arrays; nothing is mapped.
+
+    Args:
+        url: the descriptor's URL.
+        pointer, allow_outside, max_descriptor_bytes, max_tensors: as for Reader.
+        storage_options: passed to fsspec (credentials, endpoint...).
+        mmap: accepted for compatibility; remote data is always read.
+    """
+
+    def __init__(self, url: str, *, pointer: Optional[str] = None, mmap: bool = True, allow_outside: bool = False,
+                 max_descriptor_bytes: Optional[int] = None, max_tensors: Optional[int] = None,
+                 storage_options: Optional[dict] = None):
+        self.path = url
+        self._limits = Limits(
+            max_descriptor_bytes if max_descriptor_bytes is not None else Limits().max_descriptor_bytes,
+            max_tensors if max_tensors is not None else Limits().max_tensors,
+        )
+        self.fs, self._fspath = _filesystem(url, storage_options)
+        self._closed = False
+        self._index: Optional[Dict[str, int]] = None
+        last: Optional[Exception] = None
+        for _ in range(3):  # a concurrent save may replace the descriptor and delete the old data
+            desc = self._read_descriptor(pointer, allow_outside)
+            self.data_path = _join(self.fs, self._fspath, desc.location)
+            if desc.byte_length == 0:
+                break
+            try:
+                size = _call(url, "read the data object's size", self.fs.size, self.data_path)
+            except FileNotFoundError as e:
+                last = e
+                continue
+            check_data_size(desc, size, _url_of(self.fs, self.data_path))
+            break
+        else:
+            raise FormatError(f"data object {_url_of(self.fs, self.data_path)!r} does not exist", file=url,
+                              field=f"{desc.pointer}/location" if desc.pointer else "location") from last
+        self.descriptor: ListDescriptor = desc
+
+    def _read_descriptor(self, pointer, allow_outside) -> ListDescriptor:
+        from .format import _fast_document
+        from .reader import _select_list
+
+        url, fs, path = self.path, self.fs, self._fspath
+        try:
+            size = _call(url, "read the descriptor's size", fs.size, path)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{url}: no such file") from None
+        if size is not None and size > self._limits.max_descriptor_bytes:
+            raise FormatError(f"descriptor is {size} bytes, above the limit of {self._limits.max_descriptor_bytes} "
+                              "(raise it with max_descriptor_bytes=)", file=url)
+        try:
+            buf = _call(url, "read the descriptor", fs.cat_file, path)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{url}: no such file") from None
+        if len(buf) > self._limits.max_descriptor_bytes:
+            raise FormatError(f"descriptor is above the limit of {self._limits.max_descriptor_bytes} bytes", file=url)
+        doc = _fast_document(buf, url)
+        if doc is None:
+            doc = loads_strict(buf, file=url)
+        obj, ptr = _select_list(doc, pointer, url)
+        return parse_list(obj, file=url, pointer=ptr, base_dir=None, allow_outside=allow_outside,
+                          limits=self._limits)
+
+    # --- the Reader interface ----------------------------------------------------
+    @property
+    def metadata(self) -> Any:
+        return self.descriptor.metadata
+
+    def keys(self) -> List[str]:
+        return self.descriptor.keys()
+
+    def __len__(self) -> int:
+        return len(self.descriptor.tensors)
+
+    def __iter__(self):
+        return iter(self.keys())
+
+    def __contains__(self, key) -> bool:
+        return key in self._key_index()
+
+    def _key_index(self) -> Dict[str, int]:
+        if self._index is None:
+            keys = self.descriptor.tensors.keys()
+            self._index = dict(zip(keys, range(len(keys))))
+        return self._index
+
+    def _position(self, key: Union[str, int]) -> int:
+        if isinstance(key, str):
+            i = self._key_index().get(key)
+            if i is None:
+                raise KeyError(f"{self.path}: no tensor {key!r}")
+            return i
+        if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
+            n = len(self)
+            i = int(key) + n if key < 0 else int(key)
+            if not 0 <= i < n:
+                raise IndexError(f"{self.path}: tensor index {key} out of range for {n} tensors")
+            return i
+        raise TypeError(f"tensors are indexed by name (str) or position (int), not {type(key).__name__}")
+
+    def info(self, key) -> TensorInfo:
+        return self.descriptor.tensors[self._position(key)]
+
+    def _fetch(self, positions: List[int]) -> List[np.ndarray]:
+        if self._closed:
+            raise ValueError("I/O operation on a closed Reader")
+        table, base = self.descriptor.tensors, self.descriptor.byte_offset
+        todo = [i for i in positions if table.lengths[i]]
+        got: Dict[int, bytes] = {}
+        if todo:
+            starts = [base + table.offsets[i] for i in todo]
+            ends = [s + table.lengths[i] for s, i in zip(starts, todo)]
+            blobs = _call(self.path, "read tensor data", self.fs.cat_ranges, [self.data_path] * len(todo),
+                          starts, ends, on_error="raise")
+            for i, s, e, b in zip(todo, starts, ends, blobs):
+                if isinstance(b, BaseException):
+                    raise RemoteError(f"{self.path}: cannot read tensor {table.keys()[i]!r}: {_oneline(b)}") from b
+                if len(b) != e - s:
+                    raise FormatError(f"data object was truncated while reading ({len(b)} of {e - s} bytes)",
+                                      file=self.path, tensor_index=i, tensor_name=table[i].name)
+                got[i] = b
+        out = []
+        for i in positions:
+            dt, shape = table.dtypes[i].numpy, table.shapes[i]
+            if i in got:
+                out.append(np.frombuffer(got[i], dtype=dt).reshape(shape))
+            else:
+                a = np.empty(shape, dtype=dt)
+                a.flags.writeable = False
+                out.append(a)
+        return out
+
+    def __getitem__(self, key) -> np.ndarray:
+        return self._fetch([self._position(key)])[0]
+
+    def get(self, key, default=None):
+        return self[key] if key in self else default
+
+    def get_many(self, keys: Iterable) -> Dict[str, np.ndarray]:
+        """Several tensors in one batch of parallel ranged reads, keyed as given."""
+        keys = list(keys)
+        return dict(zip(keys, self._fetch([self._position(k) for k in keys])))
+
+    def items(self):
+        return list(self.to_dict().items())
+
+    def values(self):
+        return list(self.to_dict().values())
+
+    def to_dict(self) -> Dict[str, np.ndarray]:
+        keys = self.keys()
+        return dict(zip(keys, self._fetch(list(range(len(keys))))))
+
+    def verify(self, keys=None) -> int:
+        """Fetches the tensors and checks their stored CRC32Cs; returns how many were checked."""
+        keys = self.keys() if keys is None else list(keys)
+        infos = [self.info(k) for k in keys]
+        infos = [t for t in infos if t.crc32c is not None]
+        arrays = self._fetch([t.index for t in infos])
+        got = _lowlevel.crc32c_many([a.reshape(-1).view(np.uint8) if a.size else np.empty(0, np.uint8)
+                                     for a in arrays])
+        for t, c in zip(infos, got):
+            if c != t.crc32c:
+                raise ChecksumError(f"CRC32C of the data is {c:#010x}, the descriptor says {t.crc32c:#010x}",
+                                    file=self.path, tensor_index=t.index, tensor_name=t.name, field="crc32c")
+        return len(infos)
+
+    def close(self) -> None:
+        self._closed = True
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> "RemoteReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<tensorlist.RemoteReader {self.path!r}: {len(self)} tensors, {self.descriptor.byte_length} bytes>"
+
+
+def open(url: str, **kwargs) -> RemoteReader:  # noqa: A001 - mirrors tensorlist.open
+    """Opens a remote TensorList lazily (see :class:`RemoteReader`)."""
+    return RemoteReader(url, **kwargs)
+
+
+def load(url: str, *, verify: bool = False, **kwargs) -> Dict[str, np.ndarray]:
+    """Every tensor of a remote TensorList, fetched in parallel ranged reads."""
+    with RemoteReader(url, **kwargs) as r:
+        if verify:
+            r.verify()
+        return r.to_dict()
+
+
+# --- writing -----------------------------------------------------------------------
+
+def _old_locations(fs, path: str, base: str) -> List[str]:
+    """Data objects of the descriptor being replaced that this library named (safe to delete)."""
+    from .format import find_tensor_lists
+    from ._jsonio import resolve_pointer
+
+    try:
+        doc = loads_strict(fs.cat_file(path))
+    except Exception:
+        return []
+    own = []
+    for ptr in find_tensor_lists(doc):
+        loc = resolve_pointer(doc, ptr)["location"]
+        if "/" in loc or not loc.startswith(base + "."):
+            continue
+        rest = loc[len(base):]
+        if rest == ".data" or _OWN_DATA.match(rest):
+            own.append(loc)
+    return own
+
+
+def _upload(fs, path: str, url: str, local_desc: str) -> None:
+    """Uploads a local save: the data object first, the descriptor last, then removes the old data."""
+    from .format import find_tensor_lists
+    from ._jsonio import resolve_pointer
+
+    with builtins.open(local_desc, "rb") as f:
+        text = f.read()
+    doc = loads_strict(text, file=local_desc)
+    locations = sorted({resolve_pointer(doc, p)["location"] for p in find_tensor_lists(doc)})
+    base = posixpath.basename(path)
+    old = _old_locations(fs, path, base)
+    folder = posixpath.dirname(path)
+    if folder:
+        try:
+            fs.makedirs(folder, exist_ok=True)
+        except Exception:
+            pass  # object stores have no directories; the upload says if the place is bad
+    uploaded = []
+    try:
+        for loc in locations:
+            target = posixpath.join(folder, loc)
+            _call(url, f"upload the data object {loc!r}", fs.put_file,
+                  os.path.join(os.path.dirname(local_desc), loc), target)
+            uploaded.append(target)
+        _call(url, "upload the descriptor", fs.pipe_file, path, text)  # the commit point
+    except BaseException:
+        for target in uploaded:
+            if posixpath.basename(target) in old:
+                continue  # lamp's fixed name: it was the old descriptor's data too
+            try:
+                fs.rm_file(target)
+            except Exception:
+                pass
+        raise
+    for loc in old:
+        if loc not in locations:
+            try:
+                fs.rm_file(posixpath.join(folder, loc))
+            except Exception:
+                pass
+
+
+def save(url: str, tensors, *, storage_options: Optional[dict] = None, **kwargs) -> None:
+    """``tensorlist.save`` to a URL: written locally, then uploaded data first, descriptor last.
+
+    Args:
+        url: where the descriptor goes (the data object is written beside it).
+        storage_options: passed to fsspec.
+        **kwargs: those of :func:`tensorlist.save`.
+    """
+    from .writer import save as _local_save
+
+    fs, path = _filesystem(url, storage_options)
+    base = posixpath.basename(path)
+    if not base:
+        raise ValueError(f"{url!r} names a directory, not a file")
+    tmp = tempfile.mkdtemp(prefix="tensorlist-upload-")
+    try:
+        local = os.path.join(tmp, base)
+        _local_save(local, tensors, **kwargs)
+        _upload(fs, path, url, local)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+class RemoteWriter:
+    """``tensorlist.Writer`` to a URL: tensors go to a local temporary file, uploaded on commit.
+
+    The interface (``add``, ``reserve``, ``close``/``commit``, ``abort``, the
+    context manager) is :class:`tensorlist.Writer`'s.
+    """
+
+    def __init__(self, url: str, *, storage_options: Optional[dict] = None, **kwargs):
+        from .writer import Writer
+
+        self.url = url
+        self.fs, self._fspath = _filesystem(url, storage_options)
+        base = posixpath.basename(self._fspath)
+        if not base:
+            raise ValueError(f"{url!r} names a directory, not a file")
+        self._tmp = tempfile.mkdtemp(prefix="tensorlist-upload-")
+        self._local = os.path.join(self._tmp, base)
+        try:
+            self._writer = Writer(self._local, **kwargs)
+        except BaseException:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            raise
+        self._state = "open"
+
+    @property
+    def path(self) -> str:
+        return self.url
+
+    def __len__(self) -> int:
+        return len(self._writer)
+
+    def add(self, name_or_value, value=None) -> None:
+        self._writer.add(name_or_value, value)
+
+    def reserve(self, name_or_shape, shape=None, dtype=None) -> np.ndarray:
+        return self._writer.reserve(name_or_shape, shape, dtype)
+
+    def close(self) -> None:
+        if self._state == "committed":
+            return
+        if self._state != "open":
+            raise ValueError(f"Writer for {self.url} is {self._state}")
+        try:
+            self._writer.close()
+            _upload(self.fs, self._fspath, self.url, self._local)
+        except BaseException:
+            self.abort()
+            raise
+        self._state = "committed"
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
+    commit = close
+
+    def abort(self) -> None:
+        if self._state == "open":
+            self._writer.abort()
+            self._state = "aborted"
+            shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def __enter__(self) -> "RemoteWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
