@@ -399,6 +399,16 @@ def parse_list(
         spans["length"] = table.lengths
         spans["itemsize"] = [d.itemsize for d in table.dtypes] if n < 64 else \
             _ITEMSIZE_BY_CODE[np.fromiter((d.code for d in table.dtypes), np.int64, n)]
+        for i in np.flatnonzero(spans["length"] == 0).tolist():
+            # An empty tensor's other dims must still make a representable shape (numpy and
+            # torch refuse e.g. [0, 2**62] of int16: the non-zero dims overflow 64 bits).
+            shape, size = table.shapes[i], table.dtypes[i].itemsize
+            for d in shape:
+                size *= d or 1
+            if size > MAX_INT:
+                t = table[i]
+                fail(f"dims {list(shape)}: the non-zero dims x {t.dtype.itemsize} bytes overflow 64 bits",
+                     "dims", i, t.name)
         status, bad, other = _lowlevel.check_layout(spans, list_length, MIN_TENSOR_ALIGNMENT)
         if status:
             kind = _lowlevel.STATUS_NAMES[status]

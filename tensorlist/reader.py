@@ -9,6 +9,7 @@ what an open Reader returns.
 from __future__ import annotations
 
 import copy
+import errno
 import os
 import stat
 import warnings
@@ -68,7 +69,14 @@ class _Data:
             return  # nothing to read: lamp does not touch the file either
         check_data_path(desc, allow_outside)
         flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
-        fd = os.open(self.path, flags)  # FileNotFoundError is handled by the caller
+        try:
+            fd = os.open(self.path, flags)  # FileNotFoundError is handled by the caller
+        except OSError as e:
+            if e.errno not in (errno.ENOTDIR, errno.ENAMETOOLONG, errno.ELOOP):
+                raise
+            # the location names no file: a path through a file, too long, or a symlink loop
+            raise FormatError(f"data file {self.path!r} cannot be opened: {e.strerror}", file=desc.file,
+                              field=f"{desc.pointer}/location" if desc.pointer else "location") from e
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):

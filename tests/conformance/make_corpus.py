@@ -358,6 +358,8 @@ def make(out):
     bad("r08_size_mismatch", 8, with_tensor(0, byteLength=12), "dims x itemsize != byteLength")
     bad("r08_dims_product_overflow", 8, with_tensor(0, dims=[1 << 40, 1 << 40]),
         "product(dims) x itemsize overflows 64 bits")
+    bad("r08_empty_tensor_unrepresentable", 8, with_tensor(0, dims=[0, 1 << 62], byteLength=0),
+        "an empty tensor whose non-zero dims x itemsize overflow 64 bits (no array library can shape it)")
     bad("r09_tensor_unaligned", 9, {**base(byteLength=40), "tensors": [
         BASE_TENSORS[0], {**BASE_TENSORS[1], "byteOffset": 20}]}, "tensor byteOffset not a multiple of 8",
         data=BASE_DATA + bytes(8))
@@ -380,6 +382,7 @@ def make(out):
     bad("r13_data_missing", 13, base(location="does-not-exist.data"), "the data file does not exist")
     bad("r13_data_short", 13, base(location="r13_data_short.data"), "the data file is shorter than the region",
         data=BASE_DATA[:31])
+    bad("r13_location_through_a_file", 13, base(location="base.data/x"), "a path through a regular file")
     bad("r13_data_directory", 13, base(location="dir.data"), "the data file is a directory")
     os.makedirs(os.path.join(out, "invalid", "dir.data"), exist_ok=True)
     c.write("invalid/dir.data/.keep", b"")
