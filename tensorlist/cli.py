@@ -21,6 +21,20 @@ EXAMPLES = {
     "demo": "examples:\n  tensorlist demo\n  tensorlist demo --dir ./demo-out",
     "inspect": "examples:\n  tensorlist inspect model.tl\n  tensorlist inspect ckpt.json --pointer /model --json",
     "validate": "examples:\n  tensorlist validate model.tl\n  tensorlist validate --verify a.tl b.tl ckpt.json",
+    "convert": ("examples:\n  tensorlist convert model.safetensors model.tl\n"
+                "  tensorlist convert model.tl model.safetensors.index.json --shard-size 2GB\n"
+                "  tensorlist convert pytorch_model.bin s3://bucket/runs/model.tl\n"
+                "  tensorlist convert weights.dat out.npz --from tensorlist\n\n"
+                "formats: tensorlist (.tl, .json; the default), lamp (.lamp), safetensors (.safetensors),\n"
+                "hf (a sharded checkpoint's .safetensors.index.json), npz (.npz), npy (.npy),\n"
+                "pt (.pt/.pth/.bin/.ckpt, read with torch.load(weights_only=True) only).\n"
+                "Remote URLs (s3://, gs://, hdfs://, memory://...) work for tensorlist and lamp files;\n"
+                "S3 endpoints and credentials come from the AWS_* environment variables."),
+    "diff": ("examples:\n  tensorlist diff a.tl b.tl\n  tensorlist diff model.safetensors model.tl\n"
+             "  tensorlist diff --atol 1e-6 run1/final.tl run2/final.tl && echo same\n\n"
+             "exit status: 0 the same, 1 different, 2 error"),
+    "record": ("examples:\n  tensorlist record final.tl\n  tensorlist record final.tl --plot curves.png\n"
+               "  tensorlist record final.tl --json"),
 }
 
 
@@ -44,7 +58,7 @@ def _inspect_one(path: str, pointer: Optional[str], as_json: bool, out) -> None:
         if as_json:
             json.dump({"file": path, "pointer": d.pointer, "data_file": d.location, "format_version": d.version,
                        "tensors": rows, "tensor_bytes": total, "list_bytes": d.byte_length,
-                       "metadata": d.metadata}, out, indent=2)
+                       "metadata": d.metadata, "training_record": _record_summary(d.metadata)}, out, indent=2)
             out.write("\n")
             return
         out.write(f"{path}{' ' + d.pointer if d.pointer else ''}  (data: {d.location}, "
@@ -55,13 +69,54 @@ def _inspect_one(path: str, pointer: Optional[str], as_json: bool, out) -> None:
             out.write(f"  {r_['name']:<{w}}  {r_['dtype']:<14} {str(tuple(r_['shape'])):<20} "
                       f"{_human(r_['bytes']):>10} {r_['offset']:>12}\n")
         out.write(f"  {len(rows)} tensors, {_human(total)} of data, {_human(d.byte_length)} with padding\n")
+        summary = _record_summary(d.metadata)
         if d.metadata is not None:
-            text = json.dumps(d.metadata, indent=2)
+            shown = d.metadata
+            if summary is not None and isinstance(shown, dict):
+                shown = {k: ("<training record: see below>" if k == "training" else v) for k, v in shown.items()}
+            text = json.dumps(shown, indent=2)
             out.write("  metadata: " + (text if len(text) < 2000 else text[:2000] + " ...") + "\n")
+        if summary is not None:
+            out.write("  training record:\n")
+            for k, v in summary.items():
+                out.write(f"    {k}: {v}\n")
+
+
+def _record_summary(metadata) -> Optional[dict]:
+    """A few lines about the training record in a model file's metadata, or None."""
+    if not (isinstance(metadata, dict) and isinstance(metadata.get("training"), dict)):
+        return None
+    from .record import read_training_record
+
+    try:
+        rec = read_training_record({"training": metadata["training"]})
+    except (TensorListError, ValueError, TypeError) as e:
+        return {"invalid": str(e)}
+    hist = rec["history"]
+    vals = [v for v in hist["validation"] if v is not None]
+    losses = [v for v in hist["training_loss"] if v is not None]
+    return {
+        "weights": f"{rec['weights']['kind']} after epoch {rec['weights']['epoch']}",
+        "epochs": f"{rec['epochs']['done']} done of {rec['epochs']['asked']} asked",
+        "solver": rec["solver"]["class"],
+        "optimizer": rec["optimizer"]["class"],
+        "last training loss": losses[-1] if losses else None,
+        "best validation": min(vals) if vals else None,
+        "seed": rec["seed"],
+        "created": rec["created"],
+    }
+
+
+def _is_url(path: str) -> bool:
+    from .remote import is_url
+
+    return is_url(path)
 
 
 def cmd_inspect(args) -> int:
-    if args.pointer is None:
+    if args.pointer is None and _is_url(args.file):
+        pointers = [""]
+    elif args.pointer is None:
         doc = read_json_file(args.file)
         if isinstance(doc, dict) and not any(k in doc for k in ("tensors", "location", "byteOffset", "byteLength")):
             pointers = find_tensor_lists(doc) or [""]
@@ -78,13 +133,20 @@ def cmd_validate(args) -> int:
     bad = 0
     for f in args.files:
         try:
-            lists = validate(f, verify=args.verify, allow_outside=args.allow_outside)
+            if _is_url(f):
+                with Reader(f, allow_outside=args.allow_outside) as r:
+                    if args.verify:
+                        r.verify()
+                    lists = [r.descriptor]
+            else:
+                lists = validate(f, verify=args.verify, allow_outside=args.allow_outside)
             n = sum(len(d.tensors) for d in lists)
             print(f"{f}: ok ({len(lists)} list{'s' if len(lists) != 1 else ''}, {n} tensors"
                   f"{', checksums verified' if args.verify else ''})")
         except (TensorListError, ValueError, OSError) as e:
             bad += 1
-            print(f"{f}: error: {e}" if str(f) not in str(e) else f"error: {e}")
+            text = " ".join(str(e).split())  # one line per problem, whatever the message holds
+            print(f"{f}: error: {text}" if str(f) not in text else f"error: {text}")
     return 1 if bad else 0
 
 
@@ -169,8 +231,118 @@ def cmd_demo(args) -> int:
     return 0
 
 
+_SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+               "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def _size(text: str) -> int:
+    t = text.strip().upper().replace(" ", "")
+    num = t.rstrip("KMGTIB")
+    unit = t[len(num):]
+    try:
+        value = float(num)
+    except ValueError:
+        value = -1
+    if unit not in _SIZE_UNITS or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size such as 500MB, 5GB or 2GiB")
+    return int(value * _SIZE_UNITS[unit])
+
+
+def cmd_convert(args) -> int:
+    from .convert import convert
+
+    convert(args.src, args.dst, src_format=args.src_format, dst_format=args.dst_format,
+            progress=False if args.no_progress else None, allow_outside=args.allow_outside,
+            shard_bytes=args.shard_size)
+    print(f"{args.src} -> {args.dst}", file=sys.stderr) if args.verbose else None
+    return 0
+
+
+def cmd_diff(args) -> int:
+    from .convert import diff
+
+    r = diff(args.a, args.b, a_format=args.a_format, b_format=args.b_format, atol=args.atol)
+    for n in r.only_a:
+        print(f"only in {args.a}: {n}")
+    for n in r.only_b:
+        print(f"only in {args.b}: {n}")
+    for n, (x, y) in r.dtype.items():
+        print(f"dtype differs: {n}: {x} != {y}")
+    for n, (x, y) in r.shape.items():
+        print(f"shape differs: {n}: {list(x)} != {list(y)}")
+    for n, m in r.values.items():
+        if n not in r.dtype:
+            print(f"values differ: {n}: max abs difference {m:.6g}")
+    ndiff = len(set(r.only_a) | set(r.only_b) | set(r.dtype) | set(r.shape) | set(r.values))
+    print(f"{'same' if r.identical else 'different'}: {len(r.same)} tensors identical"
+          f"{' within ' + format(args.atol, 'g') if args.atol else ''}, {ndiff} differ")
+    return 0 if r.identical else 1
+
+
+def _record_source(path: str):
+    from .record import read_training_record
+
+    if _is_url(path):
+        with Reader(path) as r:
+            return read_training_record({"metadata": r.metadata})
+    return read_training_record(path)
+
+
+def cmd_record(args) -> int:
+    rec = _record_source(args.file)
+    if args.json:
+        print(json.dumps(rec, indent=2))
+    else:
+        for k, v in (_record_summary({"training": rec}) or {}).items():
+            print(f"{k}: {v}")
+        hist = rec["history"]
+        print(f"{'epoch':>5}  {'training loss':>14}  {'validation':>12}  learning rate")
+        for i, loss in enumerate(hist["training_loss"]):
+            val = hist["validation"][i] if i < len(hist["validation"]) else None
+            lr = hist["learning_rate"][i] if i < len(hist["learning_rate"]) else None
+            fmt = (lambda x: "-" if x is None else f"{x:.6g}")
+            lr_text = ", ".join(fmt(x) for x in lr) if isinstance(lr, list) else fmt(lr)
+            print(f"{i + 1:>5}  {fmt(loss):>14}  {fmt(val):>12}  {lr_text}")
+    if args.plot:
+        _plot(rec, args.plot, args.file)
+        print(f"learning curves written to {args.plot}", file=sys.stderr)
+    return 0
+
+
+def _plot(rec, out: str, title: str) -> None:
+    try:
+        import matplotlib
+    except ImportError:
+        raise ImportError("--plot needs matplotlib: pip install 'tensorlist[plot]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    hist = rec["history"]
+    epochs = list(range(1, len(hist["training_loss"]) + 1))
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
+    ax1.plot(epochs, [float("nan") if v is None else v for v in hist["training_loss"]], "o-", label="training loss")
+    if any(v is not None for v in hist["validation"]):
+        ax1.plot(epochs, [float("nan") if v is None else v for v in hist["validation"]], "s-", label="validation")
+    ax1.set_ylabel("loss / validation")
+    ax1.legend()
+    ax1.set_title(os.path.basename(title))
+    lrs = hist["learning_rate"]
+    groups = max([len(v) for v in lrs if isinstance(v, list)] + [1])
+    for g in range(groups):
+        ys = [float("nan") if v is None else (v[g] if isinstance(v, list) else v) for v in lrs]
+        ys = [float("nan") if y is None else y for y in ys]
+        ax2.plot(epochs, ys, ".-", label=f"group {g}" if groups > 1 else "learning rate")
+    ax2.set_xlabel("epoch")
+    ax2.set_ylabel("learning rate")
+    if groups > 1:
+        ax2.legend()
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tensorlist", description="Tensor list files: inspect, validate, demo.",
+    p = argparse.ArgumentParser(prog="tensorlist", description="Tensor list files: inspect, validate, convert, diff, record, demo.",
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"tensorlist {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
@@ -193,6 +365,39 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--verify", action="store_true", help="also verify CRC32C checksums against the data")
     v.add_argument("--allow-outside", action="store_true", help="trust locations outside the file's directory")
     v.set_defaults(func=cmd_validate)
+
+    raw = argparse.RawDescriptionHelpFormatter
+    c = sub.add_parser("convert", help="convert between tensorlist, safetensors, npz/npy, torch and lamp files",
+                       description="Converts SRC into DST tensor by tensor, bit for bit; DST is written only "
+                                   "when complete.", epilog=EXAMPLES["convert"], formatter_class=raw)
+    c.add_argument("src")
+    c.add_argument("dst")
+    c.add_argument("--from", dest="src_format", metavar="FORMAT", help="source format (default: from the name)")
+    c.add_argument("--to", dest="dst_format", metavar="FORMAT", help="destination format (default: from the name)")
+    c.add_argument("--shard-size", type=_size, metavar="SIZE", help="largest shard of a Hugging Face "
+                   "destination (default 5GB)")
+    c.add_argument("--no-progress", action="store_true", help="no progress bar (it shows only on a terminal)")
+    c.add_argument("--allow-outside", action="store_true", help="trust a data file outside the source's directory")
+    c.add_argument("-v", "--verbose", action="store_true", help="say what was converted")
+    c.set_defaults(func=cmd_convert)
+
+    df = sub.add_parser("diff", help="compare the tensors of two files", epilog=EXAMPLES["diff"],
+                        description="Compares names, dtypes, shapes and values (max abs difference).",
+                        formatter_class=raw)
+    df.add_argument("a")
+    df.add_argument("b")
+    df.add_argument("--atol", type=float, default=0.0, help="values within this absolute tolerance count as same")
+    df.add_argument("--a-format", metavar="FORMAT", help="format of A (default: from the name)")
+    df.add_argument("--b-format", metavar="FORMAT", help="format of B (default: from the name)")
+    df.set_defaults(func=cmd_diff)
+
+    rc = sub.add_parser("record", help="print a model file's training record and plot its learning curves",
+                        epilog=EXAMPLES["record"], formatter_class=raw)
+    rc.add_argument("file")
+    rc.add_argument("--plot", metavar="OUT.png", help="draw training loss, validation and learning rates "
+                    "(needs matplotlib: pip install 'tensorlist[plot]')")
+    rc.add_argument("--json", action="store_true", help="print the whole record as JSON")
+    rc.set_defaults(func=cmd_record)
     return p
 
 
@@ -200,8 +405,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (TensorListError, ValueError, OSError, KeyError) as e:
-        print(f"tensorlist {args.command}: error: {e}", file=sys.stderr)
-        return 1
+    except (TensorListError, ValueError, OSError, KeyError, TypeError, ImportError) as e:
+        text = " ".join(str(e.args[0] if isinstance(e, KeyError) and e.args else e).split())
+        print(f"tensorlist {args.command}: error: {text}", file=sys.stderr)
+        return 2 if args.command == "diff" else 1
     except KeyboardInterrupt:
         return 130
