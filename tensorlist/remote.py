@@ -149,6 +149,10 @@ class RemoteReader:
 
         url, fs, path = self.path, self.fs, self._fspath
         try:
+            fs.invalidate_cache(path)  # a listing cached by fsspec may predate the last save
+        except Exception:
+            pass
+        try:
             size = _call(url, "read the descriptor's size", fs.size, path)
         except FileNotFoundError:
             raise FileNotFoundError(f"{url}: no such file") from None
