@@ -1,0 +1,23 @@
+"""The reference training loops (lamp's ``IOLoops``) on torch, with tensorlist checkpoints.
+
+    >>> import torch, tensorlist.loops as loops
+    >>> torch.manual_seed(0) and None
+    >>> x = torch.randn(64, 3); y = x @ torch.tensor([[1.0], [-2.0], [0.5]])
+    >>> model = torch.nn.Linear(3, 1)
+    >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    >>> res = loops.epochs(model, opt, loops.Minibatches(x, y, 16), loss_fn=torch.nn.functional.mse_loss,
+    ...                    max_epochs=5, validation=[(x, y)], progress=False)
+    >>> len(res.learning_curve), res.learning_curve[-1][1] < res.learning_curve[0][1]
+    (5, True)
+
+See ``docs/LOOPS.md``.
+"""
+from .schedules import ConstantSWA, CyclicSWA, Decrement, Noop, ReduceLROnPlateau
+from .state import LOOP_STATE_FORMAT, Events, State, read_checkpoint
+from .train import LoopResult, Minibatches, TrainingLoopContext, epochs, supervised_step, swa_epochs, with_swa
+
+__all__ = [
+    "epochs", "swa_epochs", "with_swa", "supervised_step", "Minibatches", "TrainingLoopContext", "LoopResult",
+    "State", "Events", "read_checkpoint", "LOOP_STATE_FORMAT",
+    "Noop", "Decrement", "ReduceLROnPlateau", "ConstantSWA", "CyclicSWA",
+]
