@@ -93,7 +93,7 @@ int tl_write_items(int fd, tl_write_item *items, uint64_t n, uint64_t region_sta
 int tl_pread_full(int fd, void *dst, uint64_t length, uint64_t offset, int nthreads,
                   int *err_no);
 
-/* Page-aligned anonymous memory (huge pages advised), freed with tl_free. */
+/* Page-aligned anonymous memory, freed with tl_free. */
 int tl_alloc(uint64_t length, void **out, int *err_no);
 int tl_free(void *addr, uint64_t length);
 

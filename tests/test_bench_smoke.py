@@ -1,0 +1,32 @@
+"""Smoke test of the I/O benchmark: it runs end to end and prints its tables (no timing checks)."""
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "bench", "bench_io.py")
+
+
+def test_bench_io_quick_runs_and_prints_ratios(tmp_path):
+    out_json = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, SCRIPT, "--quick", "--repeat", "1", "--quiet", "--dir", str(tmp_path),
+         "--json", str(out_json)],
+        capture_output=True, text=True, timeout=600, cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    for heading in ("=== workload A", "=== workload B", "-- save", "-- lazy open", "-- full load",
+                    "=== targets"):
+        assert heading in out, out
+    assert "tensorlist.save(durable=True)" in out
+    assert "tensorlist.open + r[k] for all k" in out
+    assert "tl x" in out
+    # every target row is printed, with a ratio (or n/a when an optional contender is missing)
+    for target in ("save >= 2x safetensors save_file", "save >= 0.8x raw write()",
+                   "lazy open >= 5x safe_open(pt)+get_tensor", "full load >= 1.5x safetensors.numpy.load_file",
+                   "100k tiny: save >= 2x safetensors save_file", "100k tiny: open >= 2x safe_open(pt)+get_tensor"):
+        assert target in out, out
+    assert out_json.exists()
+    # the temporary directory is removed
+    assert not [p for p in os.listdir(tmp_path) if p.startswith("tensorlist-bench-")]
