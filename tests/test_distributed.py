@@ -1,0 +1,60 @@
+"""Data-parallel training with two real CPU processes (gloo over loopback TCP)."""
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import tensorlist as tl
+import tensorlist.loops as loops
+from tensorlist.record import verify_model_file
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "_ddp_script.py")
+sys.path.insert(0, os.path.dirname(__file__))
+import _ddp_script  # noqa: E402
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_process_ddp_matches_one_process_and_resumes_on_one(tmp_path):
+    port = _free_port()
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    procs = [subprocess.Popen([sys.executable, SCRIPT, str(r), "2", str(port), str(tmp_path / "ddp"), "3"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for r in range(2)]
+    outs = [p.communicate(timeout=180) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err
+    files = sorted(os.listdir(tmp_path / "ddp"))
+    assert files.count("checkpoint.json") == 1 and "final.json" in files
+    assert not [f for f in files if f.endswith(".tmp")]
+    doc = json.loads((tmp_path / "ddp" / "checkpoint.json").read_text())
+    assert doc["type"] == "SimpleLoopState" and doc["epoch"] == 3
+    assert [t["name"] for t in doc["model"]["tensors"]][0] == "0.weight"  # the module's names, not "module.*"
+    # the same training on one process over the full batch gives the same weights (mean of equal halves)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x, y = _ddp_script.data()
+    res = loops.epochs(model, opt, [(x, y)], loss_fn=torch.nn.functional.mse_loss, max_epochs=3,
+                       validation=[(x, y)], progress=False)
+    ddp_final = tl.load(tmp_path / "ddp" / "final.json")
+    for k, v in model.state_dict().items():
+        assert torch.allclose(torch.from_numpy(ddp_final[k].copy()), v, atol=1e-5), k
+    ddp_curve = [c for c in reversed(doc["learningCurve"])]
+    for a, b in zip(ddp_curve, res.learning_curve):
+        assert a[1] == pytest.approx(b[1], rel=1e-5) and a[3] == pytest.approx(b[3], rel=1e-5)
+    # resume the distributed run's checkpoint on one process
+    torch.manual_seed(1)
+    m2 = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    opt2 = torch.optim.SGD(m2.parameters(), lr=0.1, momentum=0.9)
+    res2 = loops.epochs(m2, opt2, [(x, y)], loss_fn=torch.nn.functional.mse_loss, max_epochs=4, validation=[(x, y)],
+                        out_dir=tmp_path / "ddp", resume=True, progress=False)
+    assert [c[0] for c in res2.learning_curve] == [0, 1, 2, 3]
+    assert verify_model_file(tmp_path / "ddp" / "final.json").epochs.done == 4
