@@ -288,7 +288,19 @@ def _record_source(path: str):
     return read_training_record(path)
 
 
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError:
+        raise ImportError("--plot needs matplotlib: pip install 'tensorlist[plot]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def cmd_record(args) -> int:
+    plt = _pyplot() if args.plot else None  # a missing extra is said before anything is printed
     rec = _record_source(args.file)
     if args.json:
         print(json.dumps(rec, indent=2))
@@ -304,19 +316,12 @@ def cmd_record(args) -> int:
             lr_text = ", ".join(fmt(x) for x in lr) if isinstance(lr, list) else fmt(lr)
             print(f"{i + 1:>5}  {fmt(loss):>14}  {fmt(val):>12}  {lr_text}")
     if args.plot:
-        _plot(rec, args.plot, args.file)
+        _plot(plt, rec, args.plot, args.file)
         print(f"learning curves written to {args.plot}", file=sys.stderr)
     return 0
 
 
-def _plot(rec, out: str, title: str) -> None:
-    try:
-        import matplotlib
-    except ImportError:
-        raise ImportError("--plot needs matplotlib: pip install 'tensorlist[plot]'") from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def _plot(plt, rec, out: str, title: str) -> None:
     hist = rec["history"]
     epochs = list(range(1, len(hist["training_loss"]) + 1))
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)

@@ -508,8 +508,12 @@ class _Progress:
                 from tqdm import tqdm
             except ImportError:
                 return
+            import shutil
+
+            # a terminal that reports a 0 x 0 size (a fresh pty) would get no bar at all from tqdm
+            size = shutil.get_terminal_size((80, 24))
             self.bar = tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024,
-                            file=sys.stderr, leave=False, dynamic_ncols=True)
+                            file=sys.stderr, leave=True, ncols=size.columns, nrows=size.lines or 24)
 
     def update(self, n: int) -> None:
         if self.bar is not None:
