@@ -333,3 +333,17 @@ def test_streams_tensor_by_tensor(tmp_path):
         assert all(not a.flags.owndata for a in arrays)  # views of the mapping, no copies
         assert s.nbytes == 8 * (1 << 18)
         del arrays
+
+
+def test_readme_converting_example_runs(tmp_path, monkeypatch):
+    import pathlib
+    import re
+
+    pytest.importorskip("fsspec")
+    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("## Converting and remote storage", 1)[1]
+    code = re.findall(r"```python\n(.*?)```", section, flags=re.S)[0]
+    monkeypatch.chdir(tmp_path)
+    namespace = {}
+    exec(compile(code, "README.md", "exec"), namespace)
+    assert namespace["w"].shape == (4, 4)
