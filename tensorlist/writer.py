@@ -78,10 +78,18 @@ def _as_array(value, where: str) -> np.ndarray:
 
 
 _DTYPE_CACHE: Dict[np.dtype, Tuple[_dtypes.DType, int]] = {}
+_MAX_ITEMSIZE = max(d.itemsize for d in _dtypes.DTYPES)
+# Hashing a numpy dtype costs more than everything else done per tiny tensor;
+# arrays of a builtin type share one dtype object, so look it up by identity
+# first. Each entry holds its dtype, so an id in here is never reused.
+_DTYPE_BY_ID: Dict[int, Tuple[np.dtype, Tuple[_dtypes.DType, int]]] = {}
 
 
 def _dtype_info(dt: np.dtype) -> Tuple[_dtypes.DType, int]:
     """(table row, byte-swap element size or 0) for a numpy dtype, cached."""
+    by_id = _DTYPE_BY_ID.get(id(dt))
+    if by_id is not None and by_id[0] is dt:
+        return by_id[1]
     hit = _DTYPE_CACHE.get(dt)
     if hit is None:
         row = _dtypes.from_numpy(dt)
@@ -89,6 +97,8 @@ def _dtype_info(dt: np.dtype) -> Tuple[_dtypes.DType, int]:
         little = order == "<" or order == "|" or (order == "=" and _LITTLE_HOST)
         size = dt.itemsize // (2 if dt.kind == "c" else 1)
         hit = _DTYPE_CACHE[dt] = (row, 0 if little or size == 1 else size)
+    if len(_DTYPE_BY_ID) < 1024:
+        _DTYPE_BY_ID[id(dt)] = (dt, hit)
     return hit
 
 
@@ -113,19 +123,42 @@ class _Item:
 
 def _items(tensors, where: str) -> Tuple[List[_Item], bool]:
     """Prepared items and whether they are named (mapping) or positional (sequence)."""
+    # The common case inline (a C-contiguous ndarray of a dtype seen before):
+    # what _Item.__init__ does, without its call and error-context closure.
+    new, by_id, ndarray = _Item.__new__, _DTYPE_BY_ID, np.ndarray
     if isinstance(tensors, Mapping):
         items = []
         append = items.append
         for k, v in tensors.items():
             if type(k) is not str:
                 raise TypeError(f"{where}: tensor names must be str, got {k!r}")
+            if type(v) is ndarray:
+                dt = v.dtype
+                hit = by_id.get(id(dt))
+                if hit is not None and hit[0] is dt and v.flags.c_contiguous:
+                    it = new(_Item)
+                    it.name, it.array, (it.dtype, it.swap), it.shape, it.nbytes = k, v, hit[1], v.shape, v.nbytes
+                    append(it)
+                    continue
             append(_Item(k, v, lambda k=k: f"{where}: tensor {k!r}"))
         _check_names([it.name for it in items], where)
         return items, True
     if isinstance(tensors, (str, bytes)) or not isinstance(tensors, Iterable):
         raise TypeError(f"{where}: tensors must be a mapping name -> array or a sequence of arrays, "
                         f"got {type(tensors).__name__}")
-    return [_Item(None, v, lambda i=i: f"{where}: tensor {i}") for i, v in enumerate(tensors)], False
+    items = []
+    append = items.append
+    for i, v in enumerate(tensors):
+        if type(v) is ndarray:
+            dt = v.dtype
+            hit = by_id.get(id(dt))
+            if hit is not None and hit[0] is dt and v.flags.c_contiguous:
+                it = new(_Item)
+                it.name, it.array, (it.dtype, it.swap), it.shape, it.nbytes = None, v, hit[1], v.shape, v.nbytes
+                append(it)
+                continue
+        append(_Item(None, v, lambda i=i: f"{where}: tensor {i}"))
+    return items, False
 
 
 def _check_names(names: List[str], where: str) -> None:
@@ -142,6 +175,15 @@ def _check_names(names: List[str], where: str) -> None:
 
 def _layout(items: Sequence[_Item], start: int, alignment: int) -> Tuple[List[int], int]:
     """Offsets relative to ``start`` and the list's padded byteLength."""
+    if alignment >= _MAX_ITEMSIZE and len(items) > 64:
+        # every tensor then starts at the end of the previous one rounded up to
+        # `alignment`: a prefix sum of the rounded sizes (the loop below, vectorized)
+        padded = np.fromiter([it.nbytes for it in items], dtype=np.int64, count=len(items))
+        padded += alignment - 1
+        padded &= -alignment
+        ends = np.cumsum(padded)
+        offsets = (ends - padded).tolist()
+        return offsets, int(ends[-1])
     offsets, cursor = [], 0
     append = offsets.append
     for it in items:
@@ -190,16 +232,30 @@ def _descriptor(entries, location, offset, length, metadata, lamp: bool) -> Dict
 def _fast_descriptor_text(items, offsets, crcs, location: str, length: int, metadata) -> str:
     """The text ``_descriptor_text(_descriptor(...))`` gives in tensorlist mode, made directly.
 
-    Saving a million tiny tensors should not build a million dicts.
+    Saving a million tiny tensors should not build a million dicts: one
+    f-string per tensor, with the dims text of each distinct shape made once.
     """
     enc = _encode_string
+    dims_text: Dict[Tuple[int, ...], str] = {}
     lines = []
     append = lines.append
     for i, (it, off) in enumerate(zip(items, offsets)):
-        head = '{"name":' + enc(it.name) + ',"dims":[' if it.name is not None else '{"dims":['
-        tail = f',"crc32c":{crcs[i]}}}' if crcs is not None else "}"
-        append(f'{head}{",".join(map(str, it.shape))}],"dataType":{it.dtype.code},"byteOffset":{off},'
-               f'"byteLength":{it.nbytes}{tail}')
+        shape = it.shape
+        dims = dims_text.get(shape)
+        if dims is None:
+            dims = dims_text[shape] = ",".join(map(str, shape))
+        if it.name is not None:
+            if crcs is not None:
+                append(f'{{"name":{enc(it.name)},"dims":[{dims}],"dataType":{it.dtype.code},"byteOffset":{off},'
+                       f'"byteLength":{it.nbytes},"crc32c":{crcs[i]}}}')
+            else:
+                append(f'{{"name":{enc(it.name)},"dims":[{dims}],"dataType":{it.dtype.code},"byteOffset":{off},'
+                       f'"byteLength":{it.nbytes}}}')
+        elif crcs is not None:
+            append(f'{{"dims":[{dims}],"dataType":{it.dtype.code},"byteOffset":{off},"byteLength":{it.nbytes},'
+                   f'"crc32c":{crcs[i]}}}')
+        else:
+            append(f'{{"dims":[{dims}],"dataType":{it.dtype.code},"byteOffset":{off},"byteLength":{it.nbytes}}}')
     body = "\n" + ",\n".join(lines) if lines else ""
     meta = f',"metadata":{dumps(metadata)}' if metadata is not None else ""
     return (f'{{"formatVersion":{FORMAT_VERSION},"tensors":[{body}],"location":{enc(location)},'
