@@ -7,6 +7,14 @@ import tensorlist as tl
 from tensorlist import nn as tnn
 from tensorlist.record import build_training_record, verify_model_file
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models run fastest on one thread (several spin against each other on a small machine)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
 
 def _net(seed=0, out=3):
     torch.manual_seed(seed)

@@ -9,6 +9,14 @@ import tensorlist as tl
 import tensorlist.torch as tt
 from tensorlist.record import build_training_record, read_training_record, verify_model_file
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models run fastest on one thread (several spin against each other on a small machine)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
 
 def _net():
     torch.manual_seed(0)

@@ -887,7 +887,10 @@ def with_swa(model, optimizer, train, *, warmup_epochs: int, swa_epochs: int, st
             ext = _extras(run, simple, "simple", simple_sched=simple.schedule_state)
             return _finish_doc(run, "SimpleThenSWALoopState", {"simple": body}, ext, body["model"].metadata)
 
-        warm_epoch, _ = _run_simple(run, simple, min_model, wrap_simple)
+        warm_epoch, warm_min = _run_simple(run, simple, min_model, wrap_simple)
+        if warm_min is not None and simple.min_validation_epoch is not None:
+            run.save_model("best_validation.json", "best_validation", warm_min, simple.min_validation_epoch + 1,
+                           value=simple.min_validation_loss)
         swa = State(phase="swa", max_epochs=int(swa_epochs), schedule_state=swa_schedule.init())
         averaged = _new_averaged(run.module)
     else:
