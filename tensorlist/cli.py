@@ -150,16 +150,13 @@ def cmd_validate(args) -> int:
     return 1 if bad else 0
 
 
-def cmd_demo(args) -> int:
-    """A tour of the library on built-in data, with no configuration."""
+def _core_tour(base: str, say) -> int:
+    """The tour of the core library (save, open, validate, embedded lists, lamp mode, streaming, errors)."""
     import ml_dtypes
 
     import tensorlist as tl
 
-    base = args.dir or tempfile.mkdtemp(prefix="tensorlist-demo-")
-    os.makedirs(base, exist_ok=True)
     rng = np.random.default_rng(0)
-    say = print
 
     say(f"tensorlist {__version__} demo, writing into {base}\n")
     model = {
@@ -228,6 +225,24 @@ def cmd_demo(args) -> int:
     except tl.FormatError as e:
         say(f"7. a corrupted descriptor is refused with a precise error:\n   FormatError: {e}")
     say(f"\ndone: files are in {base}")
+    return 0
+
+
+def cmd_demo(args) -> int:
+    """A tour of the library on built-in data, then a short training run of the reference loops."""
+    base = args.dir or tempfile.mkdtemp(prefix="tensorlist-demo-")
+    os.makedirs(base, exist_ok=True)
+    say = print
+    rc = _core_tour(base, say)
+    if rc:
+        return rc
+    try:
+        from .loops.demo import run_demo
+    except ImportError as e:  # the core package without the torch extra
+        say(f"\n(training demo skipped: {e}; pip install 'tensorlist[torch]')")
+        return 0
+    say("")
+    run_demo(os.path.join(base, "training"), say=say)
     return 0
 
 
