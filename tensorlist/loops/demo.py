@@ -27,7 +27,7 @@ def moving_patterns(n: int, *, frames: int = 5, size: int = 8, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     y = torch.randint(0, 4, (n,), generator=g)
     x = 0.1 * torch.randn(n, frames, 1, size, size, generator=g)
-    start = torch.randint(0, size - 1 - frames, (n, 2), generator=g) + torch.tensor([0, 0])
+    start = torch.randint(0, size - 1 - frames, (n, 2), generator=g)
     steps = torch.tensor([[0, 1], [0, -1], [1, 0], [-1, 0]])
     for k in range(n):
         r, c = int(start[k, 0]), int(start[k, 1])
