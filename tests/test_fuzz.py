@@ -235,4 +235,4 @@ def test_a_crashing_child_is_reported_not_fatal(tmp_path):
     w = Worker(argv=[sys.executable, "-c", "import os, signal, sys; sys.stdin.readline(); "
                      "os.kill(os.getpid(), signal.SIGSEGV)"])
     got = w.ask(tmp_path / "none.tl", None)
-    assert got.startswith(f"CRASH (exit {-11})"), got
+    assert got.startswith("CRASH (exit -"), got  # -11, or -6 where a sanitizer turns it into abort
