@@ -122,3 +122,96 @@ def test_content_addressed_cache_layout_is_accepted(tmp_path):
     (snap / "m.tl").symlink_to(os.path.relpath(blobs / "m.tl", snap))
     (snap / loc).symlink_to(os.path.relpath(blobs / loc, snap))
     assert tl.load(snap / "m.tl")["t2"][0] == 2
+
+
+# --- readers and writers at the same time ----------------------------------------------------
+
+
+def test_open_readers_keep_consistent_old_data_through_many_replacements(tmp_path):
+    path = tmp_path / "m.tl"
+    readers = []
+    for gen in range(25):
+        tl.save(path, {"x": np.full(50_000, gen, np.int64), "g": np.int64(gen)}, metadata={"gen": gen})
+        r = tl.open(path, mmap=gen % 2 == 0)
+        readers.append((gen, r, r["x"] if r._mmap else None))
+    for gen, r, view in readers:
+        assert r.metadata == {"gen": gen}
+        assert r.verify() == 2  # the CRCs of what this reader holds still match
+        assert int(r["g"]) == gen and (r["x"] == gen).all()
+        if view is not None:
+            assert (view == gen).all()
+        r.close()
+    assert int(tl.load(path)["g"]) == 24
+    assert len(os.listdir(tmp_path)) == 2  # the replaced data files are gone from the directory
+
+
+def test_readers_in_threads_while_a_writer_replaces(tmp_path):
+    path = tmp_path / "m.tl"
+    tl.save(path, {"x": np.zeros(20_000, np.int64), "g": np.int64(0)})
+    stop, errors = threading.Event(), []
+
+    def read():
+        while not stop.is_set():
+            try:
+                with tl.open(path, mmap=bool(np.random.randint(2))) as r:
+                    g = int(r["g"])
+                    if not (r["x"] == g).all() or r.verify() != 2:
+                        errors.append(f"inconsistent generation {g}")
+            except Exception as e:  # noqa: BLE001
+                errors.append(repr(e))
+
+    threads = [threading.Thread(target=read) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for gen in range(1, 40):
+        tl.save(path, {"x": np.full(20_000, gen, np.int64), "g": np.int64(gen)})
+    stop.set()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+
+def _truncated_after_open(tmp_path, mmap):
+    path = tmp_path / "m.tl"
+    tl.save(path, {"a": np.arange(100_000, dtype=np.float64), "b": np.ones(100_000)})
+    r = tl.open(path, mmap=mmap)
+    data = tmp_path / r.descriptor.location
+    os.truncate(data, 4096)  # someone else truncates the file in place
+    return path, r
+
+
+def test_truncated_file_is_detected_when_opened(tmp_path):
+    path, r = _truncated_after_open(tmp_path, mmap=False)
+    r.close()
+    for mmap in (True, False):
+        with pytest.raises(tl.FormatError, match="is 4096 bytes but the list needs"):
+            tl.open(path, mmap=mmap)
+        with pytest.raises(tl.FormatError, match="truncated or replaced"):
+            tl.load(path, mmap=mmap)
+    with pytest.raises(tl.FormatError, match="is 4096 bytes"):
+        tl.validate(path)
+
+
+def test_mmap_false_reader_raises_format_error_when_truncated_after_open(tmp_path):
+    path, r = _truncated_after_open(tmp_path, mmap=False)
+    with pytest.raises(tl.FormatError, match="was truncated while reading"):
+        r["b"]
+    with pytest.raises(tl.FormatError, match="was truncated while reading"):
+        r.to_dict()
+    with pytest.raises(tl.FormatError, match=r"tensor 0 \('a'\).*was truncated while reading"):
+        r["a"]
+    r.close()
+
+
+def test_mapped_reader_of_a_file_truncated_after_open_gets_sigbus(tmp_path):
+    # The documented hazard (docs/SECURITY.md): a mapping cannot be protected; mmap=False can.
+    src = textwrap.dedent(f"""
+        import os, numpy as np, tensorlist as tl
+        path = {str(tmp_path / 'm.tl')!r}
+        tl.save(path, {{"a": np.arange(100_000, dtype=np.float64)}})
+        r = tl.open(path)
+        os.truncate(os.path.join(os.path.dirname(path), r.descriptor.location), 0)
+        print(float(r["a"][-1]))
+    """)
+    proc = subprocess.run([sys.executable, "-c", src], capture_output=True, timeout=60)
+    assert proc.returncode == -7, proc  # SIGBUS
