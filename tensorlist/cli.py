@@ -24,7 +24,8 @@ EXAMPLES = {
     "convert": ("examples:\n  tensorlist convert model.safetensors model.tl\n"
                 "  tensorlist convert model.tl model.safetensors.index.json --shard-size 2GB\n"
                 "  tensorlist convert pytorch_model.bin s3://bucket/runs/model.tl\n"
-                "  tensorlist convert weights.dat out.npz --from tensorlist\n\n"
+                "  tensorlist convert weights.dat out.npz --from tensorlist\n"
+                "  tensorlist convert ckpt.json optimizer.safetensors --pointer /optimizer\n\n"
                 "formats: tensorlist (.tl, .json; the default), lamp (.lamp), safetensors (.safetensors),\n"
                 "hf (a sharded checkpoint's .safetensors.index.json), npz (.npz), npy (.npy),\n"
                 "pt (.pt/.pth/.bin/.ckpt, read with torch.load(weights_only=True) only).\n"
@@ -268,7 +269,7 @@ def cmd_convert(args) -> int:
 
     convert(args.src, args.dst, src_format=args.src_format, dst_format=args.dst_format,
             progress=False if args.no_progress else None, allow_outside=args.allow_outside,
-            shard_bytes=args.shard_size)
+            shard_bytes=args.shard_size, pointer=args.pointer)
     print(f"{args.src} -> {args.dst}", file=sys.stderr) if args.verbose else None
     return 0
 
@@ -396,6 +397,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--to", dest="dst_format", metavar="FORMAT", help="destination format (default: from the name)")
     c.add_argument("--shard-size", type=_size, metavar="SIZE", help="largest shard of a Hugging Face "
                    "destination (default 5GB)")
+    c.add_argument("--pointer", help="JSON pointer of the list to convert in a document embedding several")
     c.add_argument("--no-progress", action="store_true", help="no progress bar (it shows only on a terminal)")
     c.add_argument("--allow-outside", action="store_true", help="trust a data file outside the source's directory")
     c.add_argument("-v", "--verbose", action="store_true", help="say what was converted")

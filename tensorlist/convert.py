@@ -184,7 +184,8 @@ class Source:
         self.close()
 
 
-def open_source(path, fmt: Optional[str] = None, *, allow_outside: bool = False) -> Source:
+def open_source(path, fmt: Optional[str] = None, *, allow_outside: bool = False,
+                pointer: Optional[str] = None) -> Source:
     """Opens ``path`` as a :class:`Source` (lazily: tensors are read when asked for).
 
     Raises:
@@ -199,14 +200,16 @@ def open_source(path, fmt: Optional[str] = None, *, allow_outside: bool = False)
     opener = {"tensorlist": _open_tensorlist, "lamp": _open_tensorlist, "safetensors": _open_safetensors,
               "hf": _open_hf, "npz": _open_npz, "npy": _open_npy, "pt": _open_pt}[fmt]
     if fmt in ("tensorlist", "lamp"):
-        return opener(path, fmt, allow_outside)
+        return opener(path, fmt, allow_outside, pointer)
+    if pointer is not None:
+        raise ValueError(f"{path}: a JSON pointer selects a list in a tensorlist document, not in a {fmt} file")
     return opener(path)
 
 
-def _open_tensorlist(path: str, fmt: str, allow_outside: bool) -> Source:
+def _open_tensorlist(path: str, fmt: str, allow_outside: bool, pointer: Optional[str]) -> Source:
     from .reader import Reader
 
-    r = Reader(path, allow_outside=allow_outside)
+    r = Reader(path, allow_outside=allow_outside, pointer=pointer)
     d = r.descriptor
     named = d.tensors.names is not None
     entries = [Entry(k, t.dtype, t.shape, (lambda i=i: r[i])) for i, (k, t) in enumerate(zip(r.keys(), d.tensors))]
@@ -712,7 +715,7 @@ _WRITERS = {"safetensors": _write_safetensors, "hf": _write_hf, "npz": _write_np
 
 def convert(src, dst, *, src_format: Optional[str] = None, dst_format: Optional[str] = None,
             progress: Optional[bool] = None, allow_outside: bool = False, shard_bytes: Optional[int] = None,
-            **writer_options) -> None:
+            pointer: Optional[str] = None, **writer_options) -> None:
     """Converts ``src`` into ``dst``, tensor by tensor, bit for bit.
 
     Args:
@@ -720,6 +723,7 @@ def convert(src, dst, *, src_format: Optional[str] = None, dst_format: Optional[
         src_format, dst_format: one of ``FORMATS``; inferred from the names when None.
         progress: show a tqdm progress bar on stderr (None: when stderr is a terminal).
         allow_outside: trust a tensorlist source whose data file lies outside its directory.
+        pointer: the list to convert in a tensorlist document embedding several (``/model``).
         shard_bytes: largest shard of a Hugging Face destination (default 5 GB).
         **writer_options: passed to :class:`tensorlist.Writer` for tensorlist destinations
             (``alignment``, ``checksum``, ``durable``...).
@@ -735,7 +739,7 @@ def convert(src, dst, *, src_format: Optional[str] = None, dst_format: Optional[
         raise ValueError(f"{dst}: remote URLs are supported for tensorlist and lamp files, not {dst_format}")
     if not _is_url(src) and not _is_url(dst) and os.path.exists(dst) and os.path.samefile(src, dst):
         raise ValueError(f"{src} and {dst} are the same file")
-    with open_source(src, src_format, allow_outside=allow_outside) as s:
+    with open_source(src, src_format, allow_outside=allow_outside, pointer=pointer) as s:
         bar = _Progress(s.nbytes, os.path.basename(dst), progress)
         try:
             if dst_format in ("tensorlist", "lamp"):

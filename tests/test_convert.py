@@ -347,3 +347,13 @@ def test_readme_converting_example_runs(tmp_path, monkeypatch):
     namespace = {}
     exec(compile(code, "README.md", "exec"), namespace)
     assert namespace["w"].shape == (4, 4)
+
+
+def test_pointer_selects_an_embedded_list(tmp_path):
+    tl.save_document(tmp_path / "ckpt.json", {"model": tl.Tensors({"w": np.ones(2)}),
+                                              "optimizer": tl.Tensors({"m": np.zeros(3)})})
+    with pytest.raises(tl.FormatError, match="pass pointer="):
+        convert(tmp_path / "ckpt.json", tmp_path / "x.safetensors", progress=False)
+    convert(tmp_path / "ckpt.json", tmp_path / "opt.safetensors", pointer="/optimizer", progress=False)
+    with open_source(tmp_path / "opt.safetensors") as s:
+        assert [e.name for e in s.entries] == ["m"]
