@@ -110,10 +110,14 @@ class State:
 
 
 def rng_state() -> Tuple[Dict[str, np.ndarray], dict]:
-    """The states of torch's, numpy's and ``random``'s global generators: (tensors, JSON)."""
+    """The states of torch's (CPU and, once initialised, each CUDA device's), numpy's and ``random``'s
+    global generators: (tensors, JSON)."""
     np_state = np.random.get_state()
     py_state = random.getstate()
     tensors = {"torch": to_numpy(torch.get_rng_state()), "numpy": np.asarray(np_state[1], dtype=np.uint32)}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        for i, st in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"cuda.{i}"] = to_numpy(st)
     meta = {"numpy": [np_state[0], int(np_state[2]), int(np_state[3]), float(np_state[4])],
             "random": [py_state[0], list(py_state[1]), py_state[2]]}
     return tensors, meta
@@ -122,6 +126,10 @@ def rng_state() -> Tuple[Dict[str, np.ndarray], dict]:
 def set_rng_state(tensors: Mapping[str, np.ndarray], meta: Mapping) -> None:
     """Restores what :func:`rng_state` returned."""
     torch.set_rng_state(torch.from_numpy(np.array(tensors["torch"], dtype=np.uint8)))
+    cuda = sorted((int(k.split(".")[1]), v) for k, v in tensors.items() if k.startswith("cuda."))
+    if cuda and torch.cuda.is_available():
+        for i, v in cuda[:torch.cuda.device_count()]:
+            torch.cuda.set_rng_state(torch.from_numpy(np.array(v, dtype=np.uint8)), i)
     kind, pos, has_gauss, cached = meta["numpy"]
     np.random.set_state((kind, np.array(tensors["numpy"], dtype=np.uint32), pos, has_gauss, cached))
     version, internal, gauss = meta["random"]

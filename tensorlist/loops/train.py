@@ -496,11 +496,13 @@ def _make_config(model, optimizer, train, *, step, loss_fn, max_epochs, validati
                  validation_callback, checkpoint, out_dir, validation_frequency, return_min_validation_loss_model,
                  learning_rate_schedule, lr_scheduler, accumulate_gradient_over_n_batches,
                  validation_loss_exponential_smoothing_factor, handlers, progress, dataset_params, seed,
-                 initial_weights, solver, solver_params, epochs_asked) -> _Config:
+                 initial_weights, solver, solver_params, epochs_asked, device=None) -> _Config:
+    if device is not None:
+        model.to(device)
     if step is None:
         if loss_fn is None:
             raise TypeError("give step= (step(model, batch) -> (loss, n)) or loss_fn=")
-        step = supervised_step(loss_fn)
+        step = supervised_step(loss_fn, device)
     if validation_frequency < 1:
         raise ValueError(f"validation_frequency must be >= 1, got {validation_frequency!r}")
     if not 0 < validation_loss_exponential_smoothing_factor <= 1:
@@ -523,7 +525,7 @@ def _make_config(model, optimizer, train, *, step, loss_fn, max_epochs, validati
                    accumulate_gradient_over_n_batches=int(accumulate_gradient_over_n_batches),
                    smoothing=float(validation_loss_exponential_smoothing_factor), handlers=hs, progress=progress,
                    dataset_params=dataset_params, seed=seed, initial_weights=initial_weights, solver=solver,
-                   solver_params=dict(solver_params or {}), epochs_asked=int(epochs_asked))
+                   solver_params=dict(solver_params or {}), epochs_asked=int(epochs_asked), device=device)
 
 
 def _seed(seed: Optional[int]) -> None:
@@ -578,6 +580,7 @@ _COMMON_DOC = """
         handlers: ``{Events.X: fn or [fns]}``, each called as ``fn(state)``.
         progress: tqdm bars; None: only when stderr is a terminal.
         dataset_params: the training data's record (stored in every model file).
+        device: moves the model there; the default step moves each batch there.
         seed: seeds torch, numpy and ``random`` when a fresh run starts
             (a resumed run restores their states from the checkpoint); recorded.
         initial_weights, solver_params: for the training record.
@@ -592,7 +595,8 @@ def epochs(model: torch.nn.Module, optimizer: torch.optim.Optimizer, train, *, m
            learning_rate_schedule=None, lr_scheduler=None, accumulate_gradient_over_n_batches: int = 1,
            validation_loss_exponential_smoothing_factor: float = 1.0, handlers: Optional[Mapping] = None,
            progress: Optional[bool] = None, dataset_params: Optional[Mapping] = None, seed: Optional[int] = None,
-           initial_weights: Optional[Mapping] = None, solver_params: Optional[Mapping] = None) -> LoopResult:
+           initial_weights: Optional[Mapping] = None, solver_params: Optional[Mapping] = None,
+           device=None) -> LoopResult:
     """lamp's ``IOLoops.epochs``: train up to ``max_epochs`` epochs with validation, checkpoints and resume.
 
     Each epoch (0-based index ``e``): the schedule gives a factor (stop if
@@ -622,7 +626,7 @@ def epochs(model: torch.nn.Module, optimizer: torch.optim.Optimizer, train, *, m
                        validation_loss_exponential_smoothing_factor=validation_loss_exponential_smoothing_factor,
                        handlers=handlers, progress=progress, dataset_params=dataset_params, seed=seed,
                        initial_weights=initial_weights, solver="tensorlist.loops.epochs",
-                       solver_params=solver_params, epochs_asked=max_epochs)
+                       solver_params=solver_params, epochs_asked=max_epochs, device=device)
     cfg.solver_params.update(_loop_params(cfg))
     run = _Run(cfg)
     state = State(phase="simple", max_epochs=cfg.max_epochs, schedule_state=cfg.schedule.init())
@@ -723,7 +727,7 @@ def _run_swa(run: _Run, state: State, averaged, swa_schedule, swa_epochs_n: int,
             ctx = TrainingLoopContext(state.epoch, state.last_validation_loss, state.min_validation_loss)
             batches = (b[0] if isinstance(b, (tuple, list)) else b for b in _stream(cfg.train, ctx)
                        if not _is_empty(b))
-            update_bn(batches, run.module)
+            update_bn(batches, run.module, device=cfg.device)
             if run.distributed:
                 import torch.distributed as d
 
@@ -763,7 +767,7 @@ def swa_epochs(model, optimizer, train, *, max_epochs: int, swa_schedule=None, s
                resume=None, validation_frequency: int = 1, lr_scheduler=None,
                accumulate_gradient_over_n_batches: int = 1, forward_pass_after_training: bool = True,
                handlers=None, progress=None, dataset_params=None, seed=None, initial_weights=None,
-               solver_params=None) -> LoopResult:
+               solver_params=None, device=None) -> LoopResult:
     """lamp's ``SWA.epochs``: stochastic weight averaging with a constant or cyclic schedule.
 
     Each epoch: the SWA schedule gives ``(factor, accumulate)``; train at
@@ -783,7 +787,8 @@ def swa_epochs(model, optimizer, train, *, max_epochs: int, swa_schedule=None, s
                        accumulate_gradient_over_n_batches=accumulate_gradient_over_n_batches,
                        validation_loss_exponential_smoothing_factor=1.0, handlers=handlers, progress=progress,
                        dataset_params=dataset_params, seed=seed, initial_weights=initial_weights,
-                       solver="tensorlist.loops.swa_epochs", solver_params=solver_params, epochs_asked=max_epochs)
+                       solver="tensorlist.loops.swa_epochs", solver_params=solver_params, epochs_asked=max_epochs,
+                       device=device)
     cfg.solver_params.update(_loop_params(cfg))
     run = _Run(cfg)
     averaged = _new_averaged(run.module)
@@ -822,7 +827,7 @@ def with_swa(model, optimizer, train, *, warmup_epochs: int, swa_epochs: int, st
              learning_rate_schedule=None, swa_schedule=None, lr_scheduler=None,
              accumulate_gradient_over_n_batches: int = 1, forward_pass_after_training: bool = True,
              validation_loss_exponential_smoothing_factor: float = 1.0, handlers=None, progress=None,
-             dataset_params=None, seed=None, initial_weights=None, solver_params=None) -> LoopResult:
+             dataset_params=None, seed=None, initial_weights=None, solver_params=None, device=None) -> LoopResult:
     """lamp's ``IOLoops.withSWA``: ``warmup_epochs`` of :func:`epochs`, then ``swa_epochs`` of SWA.
 
     Validation runs every epoch in both phases (as in lamp). Checkpoints are
@@ -847,7 +852,7 @@ def with_swa(model, optimizer, train, *, warmup_epochs: int, swa_epochs: int, st
                        validation_loss_exponential_smoothing_factor=validation_loss_exponential_smoothing_factor,
                        handlers=handlers, progress=progress, dataset_params=dataset_params, seed=seed,
                        initial_weights=initial_weights, solver="tensorlist.loops.with_swa",
-                       solver_params=solver_params, epochs_asked=warmup_epochs + swa_epochs)
+                       solver_params=solver_params, epochs_asked=warmup_epochs + swa_epochs, device=device)
     cfg.solver_params.update(_loop_params(cfg))
     cfg.solver_params.update({"warmup_epochs": int(warmup_epochs), "swa_epochs": int(swa_epochs)})
     run = _Run(cfg)
