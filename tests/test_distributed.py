@@ -31,14 +31,18 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def test_two_process_ddp_matches_one_process_and_resumes_on_one(tmp_path):
+def _two_ranks(out, epochs, *extra):
     port = _free_port()
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, SCRIPT, str(r), "2", str(port), str(tmp_path / "ddp"), "3"],
+    procs = [subprocess.Popen([sys.executable, SCRIPT, str(r), "2", str(port), str(out), str(epochs), *extra],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for r in range(2)]
     outs = [p.communicate(timeout=180) for p in procs]
-    for p, (out, err) in zip(procs, outs):
+    for p, (_, err) in zip(procs, outs):
         assert p.returncode == 0, err
+
+
+def test_two_process_ddp_matches_one_process_and_resumes_on_one_and_on_two(tmp_path):
+    _two_ranks(tmp_path / "ddp", 3)
     files = sorted(os.listdir(tmp_path / "ddp"))
     assert files.count("checkpoint.json") == 1 and "final.json" in files
     assert not [f for f in files if f.endswith(".tmp")]
@@ -66,3 +70,8 @@ def test_two_process_ddp_matches_one_process_and_resumes_on_one(tmp_path):
                         out_dir=tmp_path / "ddp", resume=True, progress=False)
     assert [c[0] for c in res2.learning_curve] == [0, 1, 2, 3]
     assert verify_model_file(tmp_path / "ddp" / "final.json").epochs.done == 4
+    # and that one-process checkpoint resumes on two processes again
+    _two_ranks(tmp_path / "ddp", 5, "--resume")
+    doc = json.loads((tmp_path / "ddp" / "checkpoint.json").read_text())
+    assert doc["epoch"] == 5 and [e[0] for e in doc["learningCurve"]] == [4, 3, 2, 1, 0]
+    assert verify_model_file(tmp_path / "ddp" / "final.json").epochs.done == 5
