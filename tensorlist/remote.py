@@ -43,6 +43,11 @@ from .format import Limits, ListDescriptor, TensorInfo, check_data_size, parse_l
 
 __all__ = ["is_url", "RemoteError", "RemoteReader", "RemoteWriter", "open", "load", "save"]
 
+#: Tensors closer than this are fetched in one ranged read (the padding between them is read too).
+MERGE_GAP = 64 << 10
+#: Largest single ranged read when tensors are merged.
+MAX_RANGE = 64 << 20
+
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
 _OWN_DATA = re.compile(r"\.[0-9a-f]{8}\.data\Z")
 
@@ -216,20 +221,33 @@ class RemoteReader:
         if self._closed:
             raise ValueError("I/O operation on a closed Reader")
         table, base = self.descriptor.tensors, self.descriptor.byte_offset
-        todo = [i for i in positions if table.lengths[i]]
-        got: Dict[int, bytes] = {}
-        if todo:
-            starts = [base + table.offsets[i] for i in todo]
-            ends = [s + table.lengths[i] for s, i in zip(starts, todo)]
-            blobs = _call(self.path, "read tensor data", self.fs.cat_ranges, [self.data_path] * len(todo),
-                          starts, ends, on_error="raise")
-            for i, s, e, b in zip(todo, starts, ends, blobs):
-                if isinstance(b, BaseException):
-                    raise RemoteError(f"{self.path}: cannot read tensor {table.keys()[i]!r}: {_oneline(b)}") from b
-                if len(b) != e - s:
-                    raise FormatError(f"data object was truncated while reading ({len(b)} of {e - s} bytes)",
-                                      file=self.path, tensor_index=i, tensor_name=table[i].name)
-                got[i] = b
+        todo = sorted({i for i in positions if table.lengths[i]}, key=lambda i: table.offsets[i])
+        # neighbours (only alignment padding between them) are fetched as one range: a million
+        # tiny tensors must not be a million requests
+        groups: List[List[int]] = []
+        for i in todo:
+            if groups:
+                last = groups[-1]
+                g_start = table.offsets[last[0]]
+                g_end = table.offsets[last[-1]] + table.lengths[last[-1]]
+                if table.offsets[i] - g_end <= MERGE_GAP and table.offsets[i] + table.lengths[i] - g_start <= MAX_RANGE:
+                    last.append(i)
+                    continue
+            groups.append([i])
+        starts = [base + table.offsets[g[0]] for g in groups]
+        ends = [base + table.offsets[g[-1]] + table.lengths[g[-1]] for g in groups]
+        blobs = self._ranges(starts, ends) if groups else []
+        got: Dict[int, memoryview] = {}
+        for g, s, e, b in zip(groups, starts, ends, blobs):
+            if isinstance(b, BaseException):
+                raise RemoteError(f"{self.path}: cannot read tensor {table.keys()[g[0]]!r}: {_oneline(b)}") from b
+            if len(b) != e - s:
+                raise FormatError(f"data object was truncated while reading ({len(b)} of {e - s} bytes)",
+                                  file=self.path, tensor_index=g[0], tensor_name=table[g[0]].name)
+            view = memoryview(b)
+            for i in g:
+                o = base + table.offsets[i] - s
+                got[i] = view[o:o + table.lengths[i]]
         out = []
         for i in positions:
             dt, shape = table.dtypes[i].numpy, table.shapes[i]
@@ -240,6 +258,19 @@ class RemoteReader:
                 a.flags.writeable = False
                 out.append(a)
         return out
+
+    def _ranges(self, starts: List[int], ends: List[int]) -> list:
+        """The byte ranges of the data object, fetched concurrently."""
+        fs, path = self.fs, self.data_path
+        if getattr(fs, "async_impl", False) or len(starts) == 1:
+            return _call(self.path, "read tensor data", fs.cat_ranges, [path] * len(starts), starts, ends,
+                         on_error="raise")
+        # a synchronous filesystem (hdfs, memory, local) reads one range at a time: use threads
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(min(16, len(starts))) as pool:
+            return list(pool.map(lambda se: _call(self.path, "read tensor data", fs.cat_file, path, se[0], se[1]),
+                                 zip(starts, ends)))
 
     def __getitem__(self, key) -> np.ndarray:
         return self._fetch([self._position(key)])[0]
