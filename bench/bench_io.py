@@ -23,8 +23,10 @@ Three operations per workload:
 
 The page cache is warm for every contender (the files are written and read
 once before timing; nothing is dropped, no root needed). Each number is the
-median of ``--repeat`` runs; contenders are interleaved (rotated) across
-repeats so that drift of a noisy machine hits all of them alike. Outputs of a
+median of ``--repeat`` runs (n in the tables; contenders over 5x slower than
+tensorlist and over 2 s stop after ``--slow-cap`` runs); contenders are
+interleaved (rotated) across repeats so that drift of a noisy machine hits all
+of them alike. Outputs of a
 save are deleted and ``sync()`` is called between timed runs (untimed), so that
 no run pays for the previous run's writeback.
 
@@ -395,11 +397,21 @@ def load_cases(names: List[str], paths: Dict[str, str], touch: Callable) -> List
 # --------------------------------------------------------------------------- running
 
 
-def run_round(cases: List[Case], rnd: int, record: bool, log) -> None:
+def _is_slow(c: Case, by_key: Dict[str, Case], slow_cap: int) -> bool:
+    """A contender already timed ``slow_cap`` times that is over 5x slower than its
+    tensorlist reference and takes over 2 s: more runs would not change a ratio that large."""
+    ref = by_key.get(c.ref)
+    if slow_cap <= 0 or c.key == c.ref or len(c.samples) < slow_cap or ref is None or not ref.samples:
+        return False
+    return c.median > 2.0 and c.median > 5 * ref.median
+
+
+def run_round(cases: List[Case], rnd: int, record: bool, log, slow_cap: int = 0) -> None:
     k = rnd % len(cases) if cases else 0
     order = cases[k:] + cases[:k]
+    by_key = {c.key: c for c in cases}
     for c in order:
-        if c.error:
+        if c.error or (record and _is_slow(c, by_key, slow_cap)):
             continue
         if c.before:
             c.before(None)
@@ -458,7 +470,7 @@ def bench_workload(name: str, tensors: Dict[str, np.ndarray], args, root: str, l
             if op == "save" and not record:
                 continue  # saves are warmed on tiny inputs instead (1 GiB each is too slow)
             log(f"  [{name}] {op} round {rnd + 1 if record else 'warm-up'}")
-            run_round(cases, rnd + args.warmup, record, log)
+            run_round(cases, rnd + args.warmup, record, log, args.slow_cap)
     del pt
     shutil.rmtree(wroot, ignore_errors=True)
     return ops
@@ -500,9 +512,9 @@ def report(results: Dict[str, Dict[str, List[Case]]], meta: Dict[str, Any], out)
         summary["workloads"][wl] = {}
         for op, cases in ops.items():
             by_key = {c.key: c for c in cases}
-            w(f"\n-- {op_titles[op]}  (median of {max((len(c.samples) for c in cases), default=0)}; "
+            w(f"\n-- {op_titles[op]}  (median of n runs; "
               f"'tl x' = contender time / tensorlist time, >1: tensorlist faster)\n")
-            w(f"{'contender':<52} {'median s':>9} {'GiB/s':>7} {'us/tensor':>9} {'tl x':>6}  vs\n")
+            w(f"{'contender':<52} {'median s':>9} {'n':>2} {'GiB/s':>7} {'us/tensor':>9} {'tl x':>6}  vs\n")
             group = None
             rows = []
             for c in cases:
@@ -519,7 +531,7 @@ def report(results: Dict[str, Dict[str, List[Case]]], meta: Dict[str, Any], out)
                 gibs = size / GiB / med if med > 0 else float("nan")
                 per = med / count * 1e6 if count else float("nan")
                 note = f"  ({c.note})" if c.note else ""
-                w(f"{c.label:<52} {med:9.4f} {gibs:7.2f} {per:9.2f} {ratio:6.2f}  {c.ref}{note}\n")
+                w(f"{c.label:<52} {med:9.4f} {len(c.samples):2d} {gibs:7.2f} {per:9.2f} {ratio:6.2f}  {c.ref}{note}\n")
                 rows.append({"key": c.key, "label": c.label, "group": c.group, "samples": c.samples,
                              "median_s": med, "min_s": min(c.samples) if c.samples else None,
                              "gib_per_s": gibs, "us_per_tensor": per, "ref": c.ref,
@@ -574,6 +586,9 @@ def main(argv=None) -> int:
     p.add_argument("--repeat", type=int, default=None, help="timed runs per contender (default 5; quick 3)")
     p.add_argument("--warmup", type=int, default=None,
                    help="untimed open/load rounds before timing (default 1; quick 0)")
+    p.add_argument("--slow-cap", type=int, default=3,
+                   help="stop timing a contender after this many runs when it is over 5x slower than "
+                        "tensorlist and over 2 s (0: never; default 3)")
     p.add_argument("--touch", choices=("pages", "sum"), default="pages",
                    help="full-load touch: one byte per 4 KiB page (default) or sum every element")
     p.add_argument("--workloads", default="A,B", help="which workloads to run (default A,B)")
@@ -630,7 +645,8 @@ def main(argv=None) -> int:
     out.write(f"tensorlist I/O benchmark: python {env['python']}, numpy {env['numpy']}, "
               f"safetensors {env['safetensors']}, torch {env['torch']}, {env['cores']} cores, "
               f"{env['filesystem']} at {args.dir or 'the system temp dir'}\n")
-    out.write(f"page cache warm for every contender (nothing dropped); median of {args.repeat} runs, "
+    out.write(f"page cache warm for every contender (nothing dropped); median of {args.repeat} runs "
+              f"(at most {args.slow_cap} for contenders >5x slower than tensorlist and >2 s), "
               f"contenders interleaved across runs; touch = "
               f"{'one byte per 4 KiB page' if args.touch == 'pages' else 'sum of every element'}; "
               f"saves write fresh files, sync() between runs (untimed)\n")
