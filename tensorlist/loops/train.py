@@ -607,14 +607,8 @@ def epochs(model: torch.nn.Module, optimizer: torch.optim.Optimizer, train, *, m
     and the smoothed loss is a new minimum, snapshot the weights; append to
     the learning curve; checkpoint (a ``SimpleLoopState``). At the end the
     min-validation snapshot, if any, is loaded into the model.
-    """ + _COMMON_DOC + """
-    Returns:
-        A :class:`LoopResult`.
 
-    Raises:
-        ValueError: a checkpoint of another model, optimizer or loop;
-            nothing is overwritten then.
-        FileNotFoundError: ``resume`` names a missing file.
+    See the arguments below (shared by the three loops).
     """
     cfg = _make_config(model, optimizer, train, step=step, loss_fn=loss_fn, max_epochs=max_epochs,
                        validation=validation, training_callback=training_callback,
@@ -777,7 +771,9 @@ def swa_epochs(model, optimizer, train, *, max_epochs: int, swa_schedule=None, s
     ``forward_pass_after_training``, one forward pass over the training batches
     refreshes batch-norm statistics (``swa_utils.update_bn``). Checkpoints are
     ``SWALoopState`` documents, written after every epoch.
-    """ + _COMMON_DOC
+
+    See the arguments below (shared by the three loops).
+    """
     swa_schedule = swa_schedule or CyclicSWA()
     cfg = _make_config(model, optimizer, train, step=step, loss_fn=loss_fn, max_epochs=max_epochs,
                        validation=validation, training_callback=training_callback,
@@ -838,7 +834,9 @@ def with_swa(model, optimizer, train, *, warmup_epochs: int, swa_epochs: int, st
     returned curve is the warm-up's followed by the SWA epochs shifted
     after it, with ``(v, v)`` as the SWA epochs' smoothed and raw validation.
     Default schedules as lamp: ``Decrement(20, 0.5)`` and ``CyclicSWA(0.01, 1, 10)``.
-    """ + _COMMON_DOC
+
+    See the arguments below (shared by the three loops).
+    """
     from .schedules import Decrement
 
     learning_rate_schedule = learning_rate_schedule or Decrement(20, 0.5)
@@ -911,6 +909,20 @@ def with_swa(model, optimizer, train, *, warmup_epochs: int, swa_epochs: int, st
     run.save_model("final.json", "final", _module_state(run.module), run.recorder.epochs_done)
     shift = (max(e for e, *_ in simple.learning_curve) + 1) if simple.learning_curve else 0
     curve = list(simple.learning_curve) + [(e + shift, t, v, v) for e, t, v in swa.learning_curve]
-    swa.learning_curve_all = curve
     run.fire(Events.COMPLETED, swa)
     return LoopResult(warm_epoch, cfg.model, curve, swa.schedule_state, swa, run.files)
+
+
+_RETURNS_DOC = """
+    Returns:
+        A :class:`LoopResult`.
+
+    Raises:
+        ValueError: a checkpoint of another model, optimizer or loop;
+            nothing is overwritten then.
+        FileNotFoundError: ``resume`` names a missing file.
+"""
+
+for _f in (epochs, swa_epochs, with_swa):
+    _f.__doc__ = _f.__doc__.replace("\n    See the arguments below (shared by the three loops).\n    ", "") + _COMMON_DOC + _RETURNS_DOC
+del _f
