@@ -19,7 +19,8 @@ from .schema import validate
 
 EXAMPLES = {
     "demo": "examples:\n  tensorlist demo\n  tensorlist demo --dir ./demo-out",
-    "inspect": "examples:\n  tensorlist inspect model.tl\n  tensorlist inspect ckpt.json --pointer /model --json",
+    "inspect": ("examples:\n  tensorlist inspect model.tl\n  tensorlist inspect ckpt.json --pointer /model --json\n"
+                "  tensorlist inspect model.safetensors\n  tensorlist inspect s3://bucket/run/final.tl"),
     "validate": "examples:\n  tensorlist validate model.tl\n  tensorlist validate --verify a.tl b.tl ckpt.json",
     "convert": ("examples:\n  tensorlist convert model.safetensors model.tl\n"
                 "  tensorlist convert model.tl model.safetensors.index.json --shard-size 2GB\n"
@@ -114,7 +115,37 @@ def _is_url(path: str) -> bool:
     return is_url(path)
 
 
+def _inspect_other(path: str, fmt: str, as_json: bool, out) -> None:
+    """inspect for the formats convert reads (safetensors, HF index, npz, npy, torch)."""
+    from .convert import open_source
+
+    with open_source(path, fmt) as src:
+        rows = [{"name": e.name, "dtype": e.dtype.name, "shape": list(e.shape), "bytes": e.nbytes}
+                for e in src.entries]
+        total = src.nbytes
+        if as_json:
+            json.dump({"file": path, "format": fmt, "tensors": rows, "tensor_bytes": total,
+                       "metadata": src.metadata}, out, indent=2)
+            out.write("\n")
+            return
+        out.write(f"{path}  (format {fmt})\n")
+        w = max([4] + [len(r["name"]) for r in rows])
+        out.write(f"  {'name':<{w}}  {'dtype':<14} {'shape':<20} {'size':>10}\n")
+        for r in rows:
+            out.write(f"  {r['name']:<{w}}  {r['dtype']:<14} {str(tuple(r['shape'])):<20} {_human(r['bytes']):>10}\n")
+        out.write(f"  {len(rows)} tensors, {_human(total)} of data\n")
+        if src.metadata is not None:
+            text = json.dumps(src.metadata, indent=2)
+            out.write("  metadata: " + (text if len(text) < 2000 else text[:2000] + " ...") + "\n")
+
+
 def cmd_inspect(args) -> int:
+    from .convert import infer_format
+
+    fmt = args.format or infer_format(args.file, for_reading=True)
+    if fmt not in ("tensorlist", "lamp"):
+        _inspect_other(args.file, fmt, args.json, sys.stdout)
+        return 0
     if args.pointer is None and _is_url(args.file):
         pointers = [""]
     elif args.pointer is None:
@@ -378,6 +409,7 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("file")
     i.add_argument("--pointer", help="JSON pointer of an embedded TensorList (default: every list)")
     i.add_argument("--json", action="store_true", help="machine-readable output")
+    i.add_argument("--format", help="the file's format, for files convert reads (default: from the name)")
     i.set_defaults(func=cmd_inspect)
 
     v = sub.add_parser("validate", help="check files against the schema and the format rules",

@@ -205,3 +205,14 @@ def test_progress_bar_in_a_terminal(tmp_path):
     assert os.waitstatus_to_exitcode(status) == 0, out
     assert b"big.safetensors" in out and b"100%|" in out  # tqdm's bar, drawn on the terminal
     assert (tmp_path / "big.safetensors").stat().st_size > 64 << 20
+
+
+def test_inspect_other_formats(tmp_path, model):
+    assert run("convert", model, tmp_path / "m.safetensors").returncode == 0
+    p = run("inspect", tmp_path / "m.safetensors")
+    assert p.returncode == 0 and "format safetensors" in p.stdout and "bfloat16" in p.stdout
+    p = run("inspect", "--json", tmp_path / "m.safetensors")
+    assert [t["name"] for t in json.loads(p.stdout)["tensors"]] == ["w", "bf"]
+    (tmp_path / "junk.npz").write_bytes(b"PK\x03\x04 junk")
+    p = run("inspect", tmp_path / "junk.npz")
+    assert p.returncode == 1 and "junk.npz" in _one_error_line(p, "inspect")
