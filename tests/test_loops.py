@@ -278,3 +278,15 @@ def test_progress_bars_when_asked(capsys):
     assert "epochs" in capsys.readouterr().err
     loops.epochs(_model(), _sgd(_model()), [(x, y)], loss_fn=F.mse_loss, max_epochs=2)  # not a terminal: off
     assert capsys.readouterr().err == ""
+
+
+def test_a_nan_loss_is_checkpointed_as_null(tmp_path):
+    x, y = _data()
+    y = y.clone()
+    y[0] = float("nan")
+    m = _model()
+    loops.epochs(m, _sgd(m), [(x, y)], loss_fn=F.mse_loss, max_epochs=1, validation=[(x, y)], out_dir=tmp_path,
+                 progress=False)
+    doc = json.loads((tmp_path / "checkpoint.json").read_text())
+    assert doc["learningCurve"] == [[0, None, None, None]] and "lastValidationLoss" not in doc
+    assert read_training_record(tmp_path / "final.json").history.training_loss == [None]

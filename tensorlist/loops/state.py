@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 import os
 import random
 from typing import Any, Dict, List, Mapping, Optional, Tuple
@@ -140,7 +141,16 @@ def set_rng_state(tensors: Mapping[str, np.ndarray], meta: Mapping) -> None:
 # documents
 
 
+def _num(value):
+    """A loss as JSON: NaN and infinities (not JSON) become null, as in the training record."""
+    if value is None:
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
 def _opt(doc: dict, key: str, value) -> None:
+    value = _num(value)
     if value is not None:
         doc[key] = value
 
@@ -159,12 +169,12 @@ def phase_document(kind: str, *, model: Mapping, model_meta: Optional[dict], opt
     if kind == "simple":
         if min_model is not None:
             doc["minValidationLossModel"] = [int(state.min_validation_epoch), writer.Tensors(dict(min_model))]
-        curve = [[e, t, s, r] for e, t, s, r in reversed(state.learning_curve)]
+        curve = [[e, _num(t), _num(s), _num(r)] for e, t, s, r in reversed(state.learning_curve)]
     else:
         doc["numberOfAveragedModels"] = int(state.number_of_averaged_models)
         if averaged is not None:
             doc["averagedModels"] = writer.Tensors(dict(averaged))
-        curve = [[e, t, v] for e, t, v in reversed(state.learning_curve)]
+        curve = [[e, _num(t), _num(v)] for e, t, v in reversed(state.learning_curve)]
     if curve:
         doc["learningCurve"] = curve
     return doc
