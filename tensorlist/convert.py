@@ -37,7 +37,6 @@ import json
 import math
 import mmap
 import os
-import posixpath
 import secrets
 import struct
 import sys
@@ -48,7 +47,7 @@ import numpy as np
 
 from . import _dtypes
 from ._jsonio import dumps, loads_strict
-from .errors import FormatError, TensorListError
+from .errors import FormatError
 from .format import check_location
 
 __all__ = ["FORMATS", "convert", "infer_format", "open_source", "diff", "DiffResult"]

@@ -32,7 +32,7 @@ import posixpath
 import re
 import shutil
 import tempfile
-from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
+from typing import Any, Dict, Iterable, List, Optional, Union
 
 import numpy as np
 

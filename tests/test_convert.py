@@ -3,7 +3,6 @@ import json
 import os
 import pickle
 import struct
-import zipfile
 
 import ml_dtypes
 import numpy as np
