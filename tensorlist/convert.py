@@ -567,6 +567,8 @@ def _write_tensorlist(src: Source, dst: str, lamp: bool, bar: _Progress, options
     from .writer import Writer
 
     metadata = None if lamp else src.metadata
+    if not _is_url(dst):
+        _checked_destination(dst)
     with Writer(dst, metadata=metadata, lamp=lamp, **options) as w:
         for e in src.entries:
             a = e.array()
