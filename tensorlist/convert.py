@@ -704,7 +704,7 @@ def _write_pt(src: Source, dst: str, bar: _Progress, options: dict) -> None:
     _checked_destination(dst)
     state: Dict[str, Any] = {}
     for e in src.entries:
-        state[e.name] = from_numpy(e.array()).clone()  # torch.save of read-only mapped memory: a copy
+        state[e.name] = from_numpy(e.array())  # views of the mapped source: torch.save reads them once
         bar.update(e.nbytes)
     with _AtomicFile(dst) as tmp:
         torch.save(state if src.named else list(state.values()), tmp)

@@ -356,3 +356,11 @@ def test_pointer_selects_an_embedded_list(tmp_path):
     convert(tmp_path / "ckpt.json", tmp_path / "opt.safetensors", pointer="/optimizer", progress=False)
     with open_source(tmp_path / "opt.safetensors") as s:
         assert [e.name for e in s.entries] == ["m"]
+
+
+def test_pt_destination_stores_each_tensor_once(tmp_path):
+    tl.save(tmp_path / "v.tl", {f"t{i}": np.full(1 << 16, i, np.float32) for i in range(8)})
+    convert(tmp_path / "v.tl", tmp_path / "v.pt", progress=False)
+    assert (tmp_path / "v.pt").stat().st_size < 8 * (1 << 18) + 64 * 1024  # views, not the whole mapping each
+    state = torch.load(tmp_path / "v.pt", weights_only=True)
+    assert [int(v[0]) for v in state.values()] == list(range(8))
