@@ -465,3 +465,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2 if args.command == "diff" else 1
     except KeyboardInterrupt:
         return 130
+    except Exception as e:  # anything else (torch, a storage backend...): still one line, no traceback
+        text = " ".join(str(e).split())
+        print(f"tensorlist {args.command}: error: {type(e).__name__}: {text}", file=sys.stderr)
+        return 2 if args.command == "diff" else 1
