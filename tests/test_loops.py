@@ -290,3 +290,18 @@ def test_a_nan_loss_is_checkpointed_as_null(tmp_path):
     doc = json.loads((tmp_path / "checkpoint.json").read_text())
     assert doc["learningCurve"] == [[0, None, None, None]] and "lastValidationLoss" not in doc
     assert read_training_record(tmp_path / "final.json").history.training_loss == [None]
+
+
+def test_reduce_lr_on_plateau_state_has_lamps_json_shape():
+    s = loops.ReduceLROnPlateau(patience=1, reduce_factor=0.5)
+    st = s.init()
+    assert st == {"activeFactor": 1.0}  # min/minLoc left out while unset, as lamp writes it
+    st, f = s.factor(st, 0, None)
+    assert (st, f) == ({"activeFactor": 1.0}, 1.0)  # lamp fails here; the factor is kept
+    st, f = s.factor(st, 1, 0.41)
+    assert st == {"activeFactor": 1.0, "min": 0.41, "minLoc": 1}
+    for e in (2, 3):
+        st, f = s.factor(st, e, 0.5)
+    assert st == {"activeFactor": 0.5, "min": 0.41, "minLoc": 3} and f == 0.5
+    assert [loops.CyclicSWA(0.0, 1.0, 3).factor(None, e, None)[2] for e in range(6)] == [False, False, True] * 2
+    assert loops.ConstantSWA(0.3).factor(None, 5, None) == (None, 0.3, True)

@@ -115,6 +115,7 @@ def test_save_module_to_a_url():
     assert set(tl.load("memory://tests/modules/net.json")) == set(m.state_dict())
 
 
+@pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel lengths")
 @pytest.mark.parametrize("cls,spatial", [(tnn.ConvLSTMPeephole, (7, 6)), (tnn.ConvLSTMPeephole3D, (3, 4, 5))])
 def test_conv_lstm_shapes(cls, spatial):
     m = cls(2, 5, kernel_i=3, kernel_c=3, stride=-1)
