@@ -1,4 +1,6 @@
-"""Thin torch adapters: tensors <-> numpy arrays without copies, bfloat16 and float8 included.
+"""Thin torch adapters: tensors <-> numpy arrays without copies (bfloat16 and float8 included), and
+module and optimizer state files (``save_module_state``/``load_module_state`` with strict or
+reported non-strict loads, ``save_optimizer_state``/``load_optimizer_state``; see docs/LOOPS.md).
 
 The only module of the core package that imports torch. numpy cannot hold
 torch's bfloat16/float8 tensors directly (``Tensor.numpy()`` refuses them), so
