@@ -18,6 +18,7 @@ with the new data; the docs say so.
 from __future__ import annotations
 
 import fcntl
+import gc
 import os
 import re
 import secrets
@@ -119,6 +120,41 @@ class _Item:
         self.shape = arr.shape
         self.nbytes = arr.nbytes
         self.array = arr
+
+
+_GC_PAUSE_MIN = 10_000
+
+
+class _GCPaused:
+    """Pauses the cyclic garbage collector around the per-tensor loops of a long list.
+
+    Preparing 100,000 tensors allocates a few hundred thousand small tracked
+    objects, and such a burst triggers a full collection that walks every
+    object of the caller's process: 0.2 s of a 0.7 s save of 100k tiny
+    tensors in bench/bench_io.py, more in a large training process. These
+    loops create no reference cycles (reference counting frees everything),
+    so pausing loses nothing; msgpack advises the same for large unpacks.
+    """
+
+    __slots__ = ("on",)
+
+    def __init__(self, n: int):
+        self.on = n >= _GC_PAUSE_MIN and gc.isenabled()
+
+    def __enter__(self) -> None:
+        if self.on:
+            gc.disable()
+
+    def __exit__(self, *exc) -> None:
+        if self.on:
+            gc.enable()
+
+
+def _known_len(obj) -> int:
+    try:
+        return len(obj)
+    except TypeError:  # a generator: its code is the caller's, leave the collector alone
+        return 0
 
 
 def _items(tensors, where: str) -> Tuple[List[_Item], bool]:
@@ -527,7 +563,8 @@ def save(path, tensors, *, metadata: Any = None, alignment: int = DEFAULT_ALIGNM
         alignment = MIN_TENSOR_ALIGNMENT
     _check_alignment(alignment)
     metadata = _check_metadata(metadata, lamp)
-    items, named = _items(tensors, os.fspath(path))
+    with _GCPaused(_known_len(tensors)):
+        items, named = _items(tensors, os.fspath(path))
     if lamp and named:
         # lamp lists are positional: the mapping's order is kept, its keys are not stored
         pass
@@ -537,11 +574,12 @@ def save(path, tensors, *, metadata: Any = None, alignment: int = DEFAULT_ALIGNM
         [(_, offsets, length, crcs)] = _write_lists(fd, [items], alignment, checksum, durable, threads,
                                                     commit.data_tmp, lamp)
         commit.finish_data()
-        if lamp:
-            text = _descriptor_text(_descriptor(_tensor_entries(items, offsets, crcs, True), commit.data_name,
-                                                0, length, None, True), True)
-        else:
-            text = _fast_descriptor_text(items, offsets, crcs, commit.data_name, length, metadata)
+        with _GCPaused(len(items)):
+            if lamp:
+                text = _descriptor_text(_descriptor(_tensor_entries(items, offsets, crcs, True), commit.data_name,
+                                                    0, length, None, True), True)
+            else:
+                text = _fast_descriptor_text(items, offsets, crcs, commit.data_name, length, metadata)
         commit.commit(text)
     except BaseException:
         commit.abort()

@@ -132,3 +132,25 @@ def test_crc32c_three_way_path_matches_piecewise(n):
         for i in range(0, len(view), 1000):
             crc = _lowlevel.crc32c(view[i:i + 1000], crc)
         assert _lowlevel.crc32c(view) == crc
+
+
+def test_save_of_a_long_list_leaves_the_garbage_collector_as_it_was(tmp_path):
+    import gc
+
+    import tensorlist
+
+    tensors = {f"t{i}": np.full(2, i, np.float32) for i in range(writer._GC_PAUSE_MIN)}
+    assert gc.isenabled()
+    tensorlist.save(tmp_path / "a.tl", tensors, durable=False)
+    assert gc.isenabled()
+    bad = dict(tensors, zzz=np.array(["not a number"]))
+    with pytest.raises(TypeError):
+        tensorlist.save(tmp_path / "b.tl", bad, durable=False)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        tensorlist.save(tmp_path / "c.tl", tensors, durable=False)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    assert tensorlist.load(tmp_path / "a.tl")["t9999"].tolist() == [9999.0, 9999.0]
