@@ -360,7 +360,17 @@ def open_cases(names: List[str], paths: Dict[str, str]) -> List[Case]:
     return cases
 
 
-def load_cases(names: List[str], paths: Dict[str, str], touch: Callable) -> List[Case]:
+def fresh_memory(total: int) -> Dict[str, np.ndarray]:
+    """The floor of any load into private memory: ``total`` bytes of fresh
+    anonymous memory (ordinary pages), one byte written per 4 KiB page."""
+    import mmap
+
+    buf = np.frombuffer(mmap.mmap(-1, max(total, 1)), np.uint8)
+    buf[::4096] = 1
+    return {"floor": buf}
+
+
+def load_cases(names: List[str], paths: Dict[str, str], touch: Callable, total: int) -> List[Case]:
     cases: List[Case] = []
     npy_files = [os.path.join(paths["npy"], f"{i:07d}.npy") for i in range(len(names))]
 
@@ -372,6 +382,8 @@ def load_cases(names: List[str], paths: Dict[str, str], touch: Callable) -> List
         cases.append(Case(key, label, run, ref="tl", after=_free, note=note))
 
     add("tl", "tensorlist.load(mmap=False) + touch", lambda: tensorlist.load(paths["tl"], mmap=False))
+    add("floor", "(floor) fresh memory of that size, 1 write/page", lambda: fresh_memory(total),
+        note="first-touch cost every private-memory loader pays")
     add("tl_mmap", "tensorlist.load(mmap=True) + touch", lambda: tensorlist.load(paths["tl"]),
         note="zero-copy: touch maps page-cache pages")
     if st_np is not None:
@@ -458,7 +470,7 @@ def bench_workload(name: str, tensors: Dict[str, np.ndarray], args, root: str, l
     ops = {
         "save": save_cases(tensors, pt, wroot),
         "open": open_cases(names, paths),
-        "load": load_cases(names, paths, touch),
+        "load": load_cases(names, paths, touch, nbytes(tensors)),
     }
     if args.only:
         rx = re.compile(args.only)
