@@ -27,6 +27,7 @@ typedef struct {
     uint64_t *spans;      /* out: pairs (start, end) of tensors arrays */
     uint64_t max_spans, n_spans;
     int status;
+    int array_all_objects; /* set by scan_array: every element of the array just scanned is an object */
 } scanner;
 
 typedef struct {
@@ -34,8 +35,13 @@ typedef struct {
     uint64_t len;
 } key_span;
 
+/* The hot loops below work on local copies of s->p and s->end: a store
+ * through the unsigned char pointer may alias *s, so the compiler would
+ * otherwise reload both from memory for every byte (3x slower scans). */
 static void ws(scanner *s) {
-    while (s->p < s->end && (*s->p == ' ' || *s->p == '\n' || *s->p == '\r' || *s->p == '\t')) s->p++;
+    const unsigned char *p = s->p, *end = s->end;
+    while (p < end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t')) p++;
+    s->p = p;
 }
 
 static int fail(scanner *s, int status) {
@@ -51,6 +57,11 @@ static int is_hex(unsigned char c) {
 static int scan_string(scanner *s, const unsigned char **start, uint64_t *len, int *escaped) {
     const unsigned char *b = s->p;
     *escaped = 0;
+    {
+        const unsigned char *p = s->p, *end = s->end; /* skip plain characters */
+        while (p < end && *p != '"' && *p != '\\' && *p >= 0x20) p++;
+        s->p = p;
+    }
     while (s->p < s->end) {
         unsigned char c = *s->p;
         if (c == '"') {
@@ -82,30 +93,38 @@ static int scan_string(scanner *s, const unsigned char **start, uint64_t *len, i
 
 /* Scans a number; *is_int says it has no fraction or exponent. */
 static int scan_number(scanner *s, int *is_int) {
-    const unsigned char *b = s->p;
-    *is_int = 1;
-    if (s->p < s->end && *s->p == '-') s->p++;
-    if (s->p >= s->end) return fail(s, TL_ERR_JSON);
-    if (*s->p == '0') {
-        s->p++;
-    } else if (*s->p >= '1' && *s->p <= '9') {
-        while (s->p < s->end && *s->p >= '0' && *s->p <= '9') s->p++;
+    const unsigned char *b = s->p, *p = s->p, *end = s->end;
+    int integral = 1;
+    if (p < end && *p == '-') p++;
+    if (p >= end) goto bad;
+    if (*p == '0') {
+        p++;
+    } else if (*p >= '1' && *p <= '9') {
+        while (p < end && *p >= '0' && *p <= '9') p++;
     } else {
-        return fail(s, TL_ERR_JSON);
+        goto bad;
     }
-    if (s->p < s->end && *s->p == '.') {
-        *is_int = 0;
-        s->p++;
-        if (s->p >= s->end || *s->p < '0' || *s->p > '9') return fail(s, TL_ERR_JSON);
-        while (s->p < s->end && *s->p >= '0' && *s->p <= '9') s->p++;
+    if (p < end && *p == '.') {
+        integral = 0;
+        p++;
+        if (p >= end || *p < '0' || *p > '9') goto bad;
+        while (p < end && *p >= '0' && *p <= '9') p++;
     }
-    if (s->p < s->end && (*s->p == 'e' || *s->p == 'E')) {
-        *is_int = 0;
-        s->p++;
-        if (s->p < s->end && (*s->p == '+' || *s->p == '-')) s->p++;
-        if (s->p >= s->end || *s->p < '0' || *s->p > '9') return fail(s, TL_ERR_JSON);
-        while (s->p < s->end && *s->p >= '0' && *s->p <= '9') s->p++;
+    if (p < end && (*p == 'e' || *p == 'E')) {
+        integral = 0;
+        p++;
+        if (p < end && (*p == '+' || *p == '-')) p++;
+        if (p >= end || *p < '0' || *p > '9') goto bad;
+        while (p < end && *p >= '0' && *p <= '9') p++;
     }
+    s->p = p;
+    *is_int = integral;
+    goto scanned;
+bad:
+    s->p = p;
+    *is_int = integral;
+    return fail(s, TL_ERR_JSON);
+scanned:;
     uint64_t n = (uint64_t)(s->p - b);
     if (n > MAX_NUMBER_CHARS) return fail(s, TL_ERR_FALLBACK); /* let Python judge huge numbers */
     if (!*is_int) {
@@ -193,30 +212,7 @@ static int scan_object(scanner *s) {
         else if (KEY_MATCH(ks, kl, "tensors") && kind == K_ARRAY) {
             tensors_start = vstart;
             tensors_end = (uint64_t)(s->p - s->base);
-            /* all elements objects? look at each element's first byte */
-            tensors_all_objects = 1;
-            const unsigned char *q = s->base + vstart + 1;
-            int expect_value = 1, depth = 0, in_str = 0;
-            for (; q < s->p - 1; q++) { /* cheap structural walk over a valid array */
-                unsigned char c = *q;
-                if (in_str) {
-                    if (c == '\\') q++;
-                    else if (c == '"') in_str = 0;
-                    continue;
-                }
-                if (c == ' ' || c == '\n' || c == '\r' || c == '\t') continue;
-                if (depth == 0 && expect_value) {
-                    if (c != '{') {
-                        tensors_all_objects = 0;
-                        break;
-                    }
-                    expect_value = 0;
-                }
-                if (c == '"') in_str = 1;
-                else if (c == '{' || c == '[') depth++;
-                else if (c == '}' || c == ']') depth--;
-                else if (c == ',' && depth == 0) expect_value = 1;
-            }
+            tensors_all_objects = s->array_all_objects; /* from the scan_array that just returned */
         }
         ws(s);
         if (s->p < s->end && *s->p == ',') {
@@ -261,10 +257,12 @@ static int scan_object(scanner *s) {
 }
 
 static int scan_array(scanner *s) {
+    int all_objects = 1;
     s->p++; /* '[' */
     ws(s);
     if (s->p < s->end && *s->p == ']') {
         s->p++;
+        s->array_all_objects = 1;
         return TL_OK;
     }
     for (;;) {
@@ -272,6 +270,7 @@ static int scan_array(scanner *s) {
         ws(s);
         int rc = scan_value(s, &kind);
         if (rc) return rc;
+        all_objects &= kind == K_OBJECT;
         ws(s);
         if (s->p < s->end && *s->p == ',') {
             s->p++;
@@ -279,6 +278,7 @@ static int scan_array(scanner *s) {
         }
         if (s->p < s->end && *s->p == ']') {
             s->p++;
+            s->array_all_objects = all_objects; /* after the elements' own arrays set it */
             return TL_OK;
         }
         return fail(s, TL_ERR_JSON);
@@ -339,7 +339,7 @@ int tl_json_scan(const char *text, uint64_t length, uint64_t *spans, uint64_t ma
                  uint64_t *n_spans, uint64_t *error_pos) {
     if (!text || !spans || !n_spans || !error_pos) return TL_ERR_ARG;
     scanner s = {(const unsigned char *)text, (const unsigned char *)text,
-                 (const unsigned char *)text + length, 0, spans, max_spans, 0, TL_OK};
+                 (const unsigned char *)text + length, 0, spans, max_spans, 0, TL_OK, 0};
     int kind;
     ws(&s);
     int rc = scan_value(&s, &kind);
@@ -383,7 +383,7 @@ int tl_parse_tensors(const char *text, uint64_t start, uint64_t end, const int64
                  (!names && names_capacity)))
         return TL_ERR_ARG;
     scanner s = {(const unsigned char *)text, (const unsigned char *)text + start,
-                 (const unsigned char *)text + end, 0, NULL, 0, 0, TL_OK};
+                 (const unsigned char *)text + end, 0, NULL, 0, 0, TL_OK, 0};
     uint64_t n = 0, nd = 0, nu = 0;
     *bad = -1;
     if (*s.p != '[') return TL_ERR_ARG;

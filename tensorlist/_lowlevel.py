@@ -292,6 +292,38 @@ def json_scan(buf: bytes) -> Tuple[int, List[Tuple[int, int]], int]:
     return int(status), [(int(spans[2 * i]), int(spans[2 * i + 1])) for i in range(n[0])], int(pos[0])
 
 
+#: parse_tensors reads spans up to this size in one pass into columns sized for
+#: the most tensors, dims and name bytes the span can hold (a tensor object
+#: takes at least 44 bytes, a dim 2); larger spans are counted first.
+_ONE_PASS_MAX = 1 << 20
+
+
+def _parse_tensors_one_pass(cbuf, start, end, table, max_tensors, n, nd, nu, bad):
+    """One fill pass with upper-bound capacities; False when the two-pass path must decide."""
+    span = end - start
+    cap, dcap = span // 40 + 1, span // 2 + 1
+    cols = {k: np.empty(cap, np.int64) for k in ("codes", "offsets", "lengths", "crcs", "ndims")}
+    cols["dims"] = np.empty(dcap, np.int64)
+    names = bytearray(span)
+    flags = np.empty(cap, np.uint8)
+    status = lib.tl_parse_tensors(
+        cbuf, start, end, table, cap, ffi.from_buffer("int64_t[]", cols["codes"]),
+        ffi.from_buffer("int64_t[]", cols["offsets"]), ffi.from_buffer("int64_t[]", cols["lengths"]),
+        ffi.from_buffer("int64_t[]", cols["crcs"]), ffi.from_buffer("int64_t[]", cols["ndims"]),
+        ffi.from_buffer("int64_t[]", cols["dims"]), dcap, ffi.from_buffer("char[]", names), span,
+        ffi.from_buffer("uint8_t[]", flags), n, nd, nu, bad)
+    if status == lib.TL_ERR_ARG:
+        return False  # a capacity was too small after all (or a real argument error): count first
+    if status != lib.TL_OK or n[0] > max_tensors:
+        return None
+    count, ndim_total, names_len = int(n[0]), int(nd[0]), int(nu[0])
+    out = {k: v[:count] for k, v in cols.items()}
+    out["dims"] = cols["dims"][:ndim_total]
+    out["names"] = bytes(names[:names_len])
+    out["name_flags"] = flags[:count]
+    return out
+
+
 def parse_tensors(buf: bytes, start: int, end: int, itemsize_by_code: np.ndarray, max_tensors: int):
     """Reads a ``tensors`` array span into columns, or returns None when a rule is broken.
 
@@ -308,6 +340,10 @@ def parse_tensors(buf: bytes, start: int, end: int, itemsize_by_code: np.ndarray
     nu = ffi.new("uint64_t *")
     bad = ffi.new("int64_t *")
     null = ffi.NULL
+    if end - start <= _ONE_PASS_MAX:
+        cols = _parse_tensors_one_pass(cbuf, start, end, table, max_tensors, n, nd, nu, bad)
+        if cols is not False:
+            return cols
     status = lib.tl_parse_tensors(cbuf, start, end, table, 0, null, null, null, null, null, null, 0, null, 0,
                                   null, n, nd, nu, bad)
     if status != lib.TL_OK or n[0] > max_tensors:

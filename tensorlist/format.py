@@ -549,16 +549,28 @@ def _fast_table(span: TensorSpan, limits: Limits) -> Optional[TensorTable]:
         if len(set(names)) != n:
             return None  # duplicate names
     by_code = _DTYPE_BY_CODE
-    dtypes = [by_code[c] for c in cols["codes"].tolist()]
+    codes = cols["codes"]
+    if n and (codes == codes[0]).all():  # one dtype: the common case
+        dtypes = [by_code[int(codes[0])]] * n
+    else:
+        dtypes = list(map(by_code.__getitem__, codes.tolist()))
     dims = cols["dims"].tolist()
-    shapes: List[Tuple[int, ...]] = []
-    pos = 0
-    for k in cols["ndims"].tolist():
-        shapes.append(tuple(dims[pos:pos + k]))
-        pos += k
+    ndims = cols["ndims"]
+    if n and (ndims == ndims[0]).all():  # every tensor of the same rank: group the dims in C
+        k = int(ndims[0])
+        shapes: List[Tuple[int, ...]] = list(zip(*[iter(dims)] * k)) if k else [()] * n
+    else:
+        shapes = []
+        pos = 0
+        for k in ndims.tolist():
+            shapes.append(tuple(dims[pos:pos + k]))
+            pos += k
     crcs = cols["crcs"]
     crc_list = None
-    if (crcs >= 0).any():
+    present = crcs >= 0
+    if present.all() and n:
+        crc_list = crcs.tolist()
+    elif present.any():
         crc_list = [c if c >= 0 else None for c in crcs.tolist()]
     return TensorTable(names, dtypes, shapes, cols["offsets"].tolist(), cols["lengths"].tolist(), crc_list)
 
