@@ -217,17 +217,21 @@ class Reader:
         self._index: Optional[Dict[str, int]] = None
         # A concurrent save may replace the descriptor and delete the data file
         # we just read about: re-read the descriptor and try again.
-        last_error: Optional[Exception] = None
-        for _ in range(5):
+        # Give up when the descriptor still names the same missing file (it is
+        # really missing); a descriptor that keeps changing is being replaced.
+        missing: Optional[str] = None
+        for _ in range(100):
             desc = self._read_descriptor(pointer, allow_outside)
             try:
                 self._data = _Data(desc, mmap, allow_outside)
                 break
             except FileNotFoundError as e:
-                last_error = e
+                if desc.data_path == missing:
+                    raise FormatError(f"data file {desc.data_path!r} does not exist", file=self.path,
+                                      field=f"{desc.pointer}/location" if desc.pointer else "location") from e
+                missing = desc.data_path
         else:
-            raise FormatError(f"data file {desc.data_path!r} does not exist", file=self.path,
-                              field=f"{desc.pointer}/location" if desc.pointer else "location") from last_error
+            raise FormatError("the descriptor was replaced 100 times while being opened", file=self.path)
         self.descriptor: ListDescriptor = desc
 
     def _read_descriptor(self, pointer, allow_outside) -> ListDescriptor:
