@@ -85,7 +85,9 @@ int tl_msync(void *addr, uint64_t length, int *err_no);
 int tl_preallocate(int fd, uint64_t length, int *err_no);
 
 /* Writes items (sorted by offset, non-overlapping) with zero padding so that
- * [region_start, region_end) is fully written; nthreads parallel writers. */
+ * [region_start, region_end) is fully written. One thread writes, in file order;
+ * with TL_WRITE_CRC and nthreads >= 3, nthreads - 2 others checksum the large
+ * items meanwhile. */
 int tl_write_items(int fd, tl_write_item *items, uint64_t n, uint64_t region_start,
                    uint64_t region_end, int nthreads, int flags, int *err_no);
 
