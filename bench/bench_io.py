@@ -25,8 +25,8 @@ The page cache is warm for every contender (the files are written and read
 once before timing; nothing is dropped, no root needed). Each number is the
 median of ``--repeat`` runs (n in the tables; contenders over 5x slower than
 tensorlist and over 2 s stop after ``--slow-cap`` runs); contenders are
-interleaved (rotated) across repeats so that drift of a noisy machine hits all
-of them alike. Outputs of a
+interleaved across repeats, in a new (seeded) order each round, so that drift
+of a noisy machine and what the previous run left behind hit all of them alike. Outputs of a
 save are deleted and ``sync()`` is called between timed runs (untimed), so that
 no run pays for the previous run's writeback.
 
@@ -45,6 +45,7 @@ import gc
 import json
 import os
 import platform
+import random
 import re
 import shutil
 import statistics
@@ -419,8 +420,12 @@ def _is_slow(c: Case, by_key: Dict[str, Case], slow_cap: int) -> bool:
 
 
 def run_round(cases: List[Case], rnd: int, record: bool, log, slow_cap: int = 0) -> None:
-    k = rnd % len(cases) if cases else 0
-    order = cases[k:] + cases[:k]
+    # A fresh (seeded) order each round, not a rotation: a rotation keeps every
+    # contender behind the same one, and what a run leaves behind matters here
+    # (a save right after a durable one's 1 GiB was fsynced and deleted is
+    # often 2x slower: the VM hands freed memory back to its host).
+    order = list(cases)
+    random.Random(rnd).shuffle(order)
     by_key = {c.key: c for c in cases}
     for c in order:
         if c.error or (record and _is_slow(c, by_key, slow_cap)):
@@ -663,7 +668,7 @@ def main(argv=None) -> int:
               f"{env['filesystem']} at {args.dir or 'the system temp dir'}\n")
     out.write(f"page cache warm for every contender (nothing dropped); median of {args.repeat} runs "
               f"(at most {args.slow_cap} for contenders >5x slower than tensorlist and >2 s), "
-              f"contenders interleaved across runs; touch = "
+              f"contenders interleaved across runs in a new seeded order each round; touch = "
               f"{'one byte per 4 KiB page' if args.touch == 'pages' else 'sum of every element'}; "
               f"saves write fresh files, sync() between runs (untimed)\n")
     out.write("durable contenders fsync (tensorlist: data, descriptor and directory; baselines: the file only); "
