@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import os
-from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F

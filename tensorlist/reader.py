@@ -164,7 +164,69 @@ def _views(base: np.ndarray, start: int, table, readonly: bool) -> Dict[str, np.
     return out
 
 
-class Reader:
+class TensorMapping:
+    """The mapping protocol shared by :class:`Reader` and ``remote.RemoteReader``.
+
+    Subclasses set ``path``, ``descriptor`` and ``_index = None`` and define
+    ``__getitem__`` and ``close``.
+    """
+
+    path: str
+    descriptor: ListDescriptor
+    _index: Optional[Dict[str, int]]
+
+    @property
+    def metadata(self) -> Any:
+        """The list's ``metadata`` (any JSON value), or None."""
+        return self.descriptor.metadata
+
+    def keys(self) -> List[str]:
+        return self.descriptor.keys()
+
+    def __len__(self) -> int:
+        return len(self.descriptor.tensors)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.keys())
+
+    def __contains__(self, key) -> bool:
+        return key in self._key_index()
+
+    def _key_index(self) -> Dict[str, int]:
+        if self._index is None:
+            keys = self.descriptor.tensors.keys()
+            self._index = dict(zip(keys, range(len(keys))))
+        return self._index
+
+    def _position(self, key: Union[str, int]) -> int:
+        if isinstance(key, str):
+            i = self._key_index().get(key)
+            if i is None:
+                raise KeyError(f"{self.path}: no tensor {key!r}")
+            return i
+        if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
+            n = len(self.descriptor.tensors)
+            i = int(key) + n if key < 0 else int(key)
+            if not 0 <= i < n:
+                raise IndexError(f"{self.path}: tensor index {key} out of range for {n} tensors")
+            return i
+        raise TypeError(f"tensors are indexed by name (str) or position (int), not {type(key).__name__}")
+
+    def info(self, key: Union[str, int]) -> TensorInfo:
+        """The descriptor entry of a tensor, by key or position."""
+        return self.descriptor.tensors[self._position(key)]
+
+    def get(self, key, default=None):
+        return self[key] if key in self else default
+
+    def __enter__(self) -> "Reader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class Reader(TensorMapping):
     """A lazy, read-only view of one TensorList; also a context manager.
 
     Only the descriptor is parsed when it is made; tensors are mapped (or, with
@@ -241,54 +303,10 @@ class Reader:
                           allow_outside=allow_outside, limits=self._limits)
 
     # --- mapping protocol ----------------------------------------------------
-    @property
-    def metadata(self) -> Any:
-        """The list's ``metadata`` (any JSON value), or None."""
-        return self.descriptor.metadata
-
-    def keys(self) -> List[str]:
-        return self.descriptor.keys()
-
-    def __len__(self) -> int:
-        return len(self.descriptor.tensors)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.keys())
-
-    def __contains__(self, key) -> bool:
-        return key in self._key_index()
-
-    def _key_index(self) -> Dict[str, int]:
-        if self._index is None:
-            keys = self.descriptor.tensors.keys()
-            self._index = dict(zip(keys, range(len(keys))))
-        return self._index
-
-    def _position(self, key: Union[str, int]) -> int:
-        if isinstance(key, str):
-            i = self._key_index().get(key)
-            if i is None:
-                raise KeyError(f"{self.path}: no tensor {key!r}")
-            return i
-        if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
-            n = len(self.descriptor.tensors)
-            i = int(key) + n if key < 0 else int(key)
-            if not 0 <= i < n:
-                raise IndexError(f"{self.path}: tensor index {key} out of range for {n} tensors")
-            return i
-        raise TypeError(f"tensors are indexed by name (str) or position (int), not {type(key).__name__}")
-
-    def info(self, key: Union[str, int]) -> TensorInfo:
-        """The descriptor entry of a tensor, by key or position."""
-        return self.descriptor.tensors[self._position(key)]
-
     def __getitem__(self, key: Union[str, int]) -> np.ndarray:
         if self._data is None:
             raise ValueError("I/O operation on a closed Reader")
         return self._data.array_at(self._position(key))
-
-    def get(self, key, default=None):
-        return self[key] if key in self else default
 
     def items(self):
         return [(k, self[k]) for k in self.keys()]
@@ -323,12 +341,6 @@ class Reader:
     @property
     def closed(self) -> bool:
         return self._data is None
-
-    def __enter__(self) -> "Reader":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         d = self.descriptor

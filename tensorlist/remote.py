@@ -32,14 +32,15 @@ import posixpath
 import re
 import shutil
 import tempfile
-from typing import Any, Dict, Iterable, List, Optional, Union
+from typing import Dict, Iterable, List, Optional
 
 import numpy as np
 
 from . import _lowlevel
 from ._jsonio import loads_strict
 from .errors import ChecksumError, FormatError, TensorListError
-from .format import Limits, ListDescriptor, TensorInfo, check_data_size, parse_list
+from .format import Limits, ListDescriptor, check_data_size, parse_list
+from .reader import TensorMapping
 
 __all__ = ["is_url", "RemoteError", "RemoteReader", "RemoteWriter", "open", "load", "save"]
 
@@ -106,7 +107,7 @@ def _url_of(fs, path: str) -> str:
         return path
 
 
-class RemoteReader:
+class RemoteReader(TensorMapping):
     """A Reader over a remote TensorList: the interface of :class:`tensorlist.Reader`.
 
     Tensors are fetched when asked for (``r["w"]``, ``r.get_many([...])``,
@@ -178,45 +179,6 @@ class RemoteReader:
                           limits=self._limits)
 
     # --- the Reader interface ----------------------------------------------------
-    @property
-    def metadata(self) -> Any:
-        return self.descriptor.metadata
-
-    def keys(self) -> List[str]:
-        return self.descriptor.keys()
-
-    def __len__(self) -> int:
-        return len(self.descriptor.tensors)
-
-    def __iter__(self):
-        return iter(self.keys())
-
-    def __contains__(self, key) -> bool:
-        return key in self._key_index()
-
-    def _key_index(self) -> Dict[str, int]:
-        if self._index is None:
-            keys = self.descriptor.tensors.keys()
-            self._index = dict(zip(keys, range(len(keys))))
-        return self._index
-
-    def _position(self, key: Union[str, int]) -> int:
-        if isinstance(key, str):
-            i = self._key_index().get(key)
-            if i is None:
-                raise KeyError(f"{self.path}: no tensor {key!r}")
-            return i
-        if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
-            n = len(self)
-            i = int(key) + n if key < 0 else int(key)
-            if not 0 <= i < n:
-                raise IndexError(f"{self.path}: tensor index {key} out of range for {n} tensors")
-            return i
-        raise TypeError(f"tensors are indexed by name (str) or position (int), not {type(key).__name__}")
-
-    def info(self, key) -> TensorInfo:
-        return self.descriptor.tensors[self._position(key)]
-
     def _fetch(self, positions: List[int]) -> List[np.ndarray]:
         if self._closed:
             raise ValueError("I/O operation on a closed Reader")
@@ -275,9 +237,6 @@ class RemoteReader:
     def __getitem__(self, key) -> np.ndarray:
         return self._fetch([self._position(key)])[0]
 
-    def get(self, key, default=None):
-        return self[key] if key in self else default
-
     def get_many(self, keys: Iterable) -> Dict[str, np.ndarray]:
         """Several tensors in one batch of parallel ranged reads, keyed as given."""
         keys = list(keys)
@@ -313,12 +272,6 @@ class RemoteReader:
     @property
     def closed(self) -> bool:
         return self._closed
-
-    def __enter__(self) -> "RemoteReader":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"<tensorlist.RemoteReader {self.path!r}: {len(self)} tensors, {self.descriptor.byte_length} bytes>"

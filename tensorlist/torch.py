@@ -94,7 +94,7 @@ def state_to_numpy(state: Dict[str, torch.Tensor]) -> Dict[str, np.ndarray]:
 import dataclasses as _dataclasses  # noqa: E402
 import json as _json  # noqa: E402
 import math as _math  # noqa: E402
-from typing import Any, List, Mapping, Tuple  # noqa: E402
+from typing import List, Mapping, Tuple  # noqa: E402
 
 OPTIMIZER_STATE_FORMAT = "tensorlist.torch-optimizer-state/1"
 
