@@ -162,39 +162,31 @@ def _items(tensors, where: str) -> Tuple[List[_Item], bool]:
     # The common case inline (a C-contiguous ndarray of a dtype seen before):
     # what _Item.__init__ does, without its call and error-context closure.
     new, by_id, ndarray = _Item.__new__, _DTYPE_BY_ID, np.ndarray
-    if isinstance(tensors, Mapping):
-        items = []
-        append = items.append
-        for k, v in tensors.items():
-            if type(k) is not str:
-                raise TypeError(f"{where}: tensor names must be str, got {k!r}")
-            if type(v) is ndarray:
-                dt = v.dtype
-                hit = by_id.get(id(dt))
-                if hit is not None and hit[0] is dt and v.flags.c_contiguous:
-                    it = new(_Item)
-                    it.name, it.array, (it.dtype, it.swap), it.shape, it.nbytes = k, v, hit[1], v.shape, v.nbytes
-                    append(it)
-                    continue
-            append(_Item(k, v, lambda k=k: f"{where}: tensor {k!r}"))
-        _check_names([it.name for it in items], where)
-        return items, True
-    if isinstance(tensors, (str, bytes)) or not isinstance(tensors, Iterable):
+    named = isinstance(tensors, Mapping)
+    if named:
+        pairs = tensors.items()
+    elif isinstance(tensors, (str, bytes)) or not isinstance(tensors, Iterable):
         raise TypeError(f"{where}: tensors must be a mapping name -> array or a sequence of arrays, "
                         f"got {type(tensors).__name__}")
+    else:
+        pairs = ((None, v) for v in tensors)
     items = []
     append = items.append
-    for i, v in enumerate(tensors):
+    for i, (k, v) in enumerate(pairs):
+        if named and type(k) is not str:
+            raise TypeError(f"{where}: tensor names must be str, got {k!r}")
         if type(v) is ndarray:
             dt = v.dtype
             hit = by_id.get(id(dt))
             if hit is not None and hit[0] is dt and v.flags.c_contiguous:
                 it = new(_Item)
-                it.name, it.array, (it.dtype, it.swap), it.shape, it.nbytes = None, v, hit[1], v.shape, v.nbytes
+                it.name, it.array, (it.dtype, it.swap), it.shape, it.nbytes = k, v, hit[1], v.shape, v.nbytes
                 append(it)
                 continue
-        append(_Item(None, v, lambda i=i: f"{where}: tensor {i}"))
-    return items, False
+        append(_Item(k, v, lambda k=k, i=i: f"{where}: tensor {k!r}" if named else f"{where}: tensor {i}"))
+    if named:
+        _check_names([it.name for it in items], where)
+    return items, named
 
 
 def _check_names(names: List[str], where: str) -> None:

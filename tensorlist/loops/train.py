@@ -275,6 +275,21 @@ class _Run:
             g["lr"] = base * factor
 
     # --- one epoch --------------------------------------------------------
+    def epoch_at(self, state: State, factor: float) -> Tuple[TrainingLoopContext, float]:
+        """Trains the epoch ``state.epoch`` at learning-rate ``factor`` (both loops' common part).
+
+        Fires EPOCH_STARTED and the training callback; returns (context, training loss).
+        """
+        state.factor = factor
+        self.set_factor(factor)
+        ctx = TrainingLoopContext(state.epoch, state.last_validation_loss, state.min_validation_loss)
+        self.fire(Events.EPOCH_STARTED, state)
+        train_loss = self.train_epoch(state, ctx)
+        state.training_loss = train_loss
+        if self.cfg.training_callback is not None:
+            self.cfg.training_callback(state.epoch, train_loss, self.cfg.model)
+        return ctx, train_loss
+
     def _reduce(self, total: float, count: int) -> Tuple[float, int]:
         if self.distributed:
             import torch.distributed as d
@@ -389,14 +404,7 @@ def _run_simple(run: _Run, state: State, min_model: Optional[Dict[str, torch.Ten
                 if factor <= 0:
                     log.info("learning-rate schedule stopped training before epoch %d (factor %s)", state.epoch, factor)
                 break
-            state.factor = factor
-            run.set_factor(factor)
-            ctx = TrainingLoopContext(state.epoch, state.last_validation_loss, state.min_validation_loss)
-            run.fire(Events.EPOCH_STARTED, state)
-            train_loss = run.train_epoch(state, ctx)
-            state.training_loss = train_loss
-            if cfg.training_callback is not None:
-                cfg.training_callback(state.epoch, train_loss, cfg.model)
+            ctx, train_loss = run.epoch_at(state, factor)
             smoothed = raw = None
             if cfg.validation is not None and state.epoch % cfg.validation_frequency == 0:
                 raw = run.validate(state, ctx)
@@ -681,14 +689,7 @@ def _run_swa(run: _Run, state: State, averaged, swa_schedule, swa_epochs_n: int,
                                                          state.last_validation_loss)
         if state.epoch >= swa_epochs_n or factor <= 0 or state.should_stop:
             break
-        state.factor = factor
-        run.set_factor(factor)
-        ctx = TrainingLoopContext(state.epoch, state.last_validation_loss, state.min_validation_loss)
-        run.fire(Events.EPOCH_STARTED, state)
-        train_loss = run.train_epoch(state, ctx)
-        state.training_loss = train_loss
-        if cfg.training_callback is not None:
-            cfg.training_callback(state.epoch, train_loss, cfg.model)
+        ctx, train_loss = run.epoch_at(state, factor)
         valid = None
         if cfg.validation is not None and state.epoch % cfg.validation_frequency == 0:
             valid = run.validate(state, ctx)
