@@ -25,6 +25,7 @@ from .format import (
 from .reader import Reader, load, load_document, open
 from .schema import load_schema, validate
 from .writer import Tensors, Writer, save, save_document, write_data
+from . import remote as _remote  # noqa: F401, E402 - registers the URL backend (see _backends)
 
 __version__ = "0.1.0"
 

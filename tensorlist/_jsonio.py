@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any, Iterator, List, Tuple
 
 from .errors import FormatError
 
-__all__ = ["loads_strict", "dumps", "dumps_lamp", "resolve_pointer", "escape_pointer", "walk"]
+__all__ = ["loads_strict", "dumps", "dumps_lamp", "resolve_pointer", "set_at_pointer", "pointer_tokens",
+           "escape_pointer", "walk", "to_tagged", "from_tagged", "check_json"]
 
 
 class _StrictError(ValueError):
@@ -72,6 +74,51 @@ def loads_strict(text, *, file=None) -> Any:
 def dumps(obj: Any) -> str:
     """Compact strict JSON (NaN/Infinity raise ValueError), UTF-8 kept as is."""
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def check_json(value: Any, where: str = "", *, file=None, skip: tuple = ()) -> None:
+    """Refuses, before anything is written, a value that strict JSON cannot hold exactly.
+
+    Non-str keys (``json.dumps`` would write ``1`` and ``"1"`` both as ``"1"``,
+    a duplicate key no strict reader accepts), NaN/Infinity, strings with lone
+    surrogates (not encodable as UTF-8) and any type other than None, bool,
+    int, float, str, list, tuple and dict. Iterative: any depth. Values of a
+    type in ``skip`` are not looked into (placeholders the caller replaces).
+
+    Raises:
+        FormatError: naming the field (a JSON pointer below ``where``).
+    """
+    stack: List[Tuple[str, Any]] = [(where, value)]
+    while stack:
+        at, v = stack.pop()
+        if v is None or isinstance(v, (bool, int)) or (skip and isinstance(v, skip)):
+            continue
+        if isinstance(v, str):
+            _check_utf8(v, at, file)
+        elif isinstance(v, float):
+            if not math.isfinite(v):
+                raise FormatError(f"{v!r} is not a JSON number (NaN and Infinity are not JSON)",
+                                  file=file, field=at or "/")
+        elif isinstance(v, dict):
+            for k, x in v.items():
+                if not isinstance(k, str):
+                    raise FormatError(f"key {k!r} is not a string (JSON keys are strings)", file=file,
+                                      field=at or "/")
+                _check_utf8(k, at, file)
+                stack.append((f"{at}/{escape_pointer(k)}", x))
+        elif isinstance(v, (list, tuple)):
+            stack.extend((f"{at}/{i}", x) for i, x in enumerate(v))
+        else:
+            raise FormatError(f"a {type(v).__module__}.{type(v).__qualname__} is not a JSON value",
+                              file=file, field=at or "/")
+
+
+def _check_utf8(s: str, at: str, file) -> None:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise FormatError(f"{s!r} is not valid Unicode ({e.reason}) and cannot be written as UTF-8",
+                          file=file, field=at or "/") from None
 
 
 # --- lamp's exact style (jsoniter-scala defaults, lamp.md section 1.2) -------
@@ -158,35 +205,78 @@ def escape_pointer(token: str) -> str:
     return str(token).replace("~", "~0").replace("/", "~1")
 
 
+def pointer_tokens(pointer: str, *, file=None) -> List[str]:
+    """The unescaped reference tokens of an RFC 6901 pointer ("" has none).
+
+    Raises:
+        FormatError: not a pointer: no leading "/", or a "~" not followed by 0 or 1.
+    """
+    if pointer == "":
+        return []
+    if not isinstance(pointer, str) or not pointer.startswith("/"):
+        raise FormatError(f"JSON pointer {pointer!r} must be empty or start with '/'", file=file)
+    tokens = pointer[1:].split("/")
+    if "~" in pointer:
+        for raw in tokens:
+            if _BAD_TILDE.search(raw):
+                raise FormatError(f"JSON pointer {pointer!r}: '~' must be followed by 0 or 1 (RFC 6901)", file=file)
+        tokens = [t.replace("~1", "/").replace("~0", "~") for t in tokens]
+    return tokens
+
+
+_BAD_TILDE = re.compile(r"~(?![01])")
+# RFC 6901 array index: "0" or ASCII digits without a leading zero (str.isdigit accepts "١", "²")
+_INDEX = re.compile(r"(?:0|[1-9][0-9]*)\Z", re.ASCII)
+
+
+def _step(node: Any, token: str, pointer: str, walked: str, file) -> Any:
+    if isinstance(node, dict):
+        if token not in node:
+            raise FormatError(f"JSON pointer {pointer!r}: no key {token!r} at {walked!r}", file=file)
+        return node[token]
+    if isinstance(node, list):
+        if not _INDEX.match(token):
+            raise FormatError(f"JSON pointer {pointer!r}: {token!r} is not an array index", file=file)
+        i = int(token)
+        if i >= len(node):
+            raise FormatError(f"JSON pointer {pointer!r}: index {i} past the array's end", file=file)
+        return node[i]
+    raise FormatError(f"JSON pointer {pointer!r}: {walked!r} goes into a scalar", file=file)
+
+
 def resolve_pointer(doc: Any, pointer: str, *, file=None) -> Any:
     """The value at RFC 6901 ``pointer`` in ``doc`` ("" is the whole document).
 
     Raises:
         FormatError: the pointer is malformed or names nothing in the document.
     """
-    if pointer == "":
-        return doc
-    if not isinstance(pointer, str) or not pointer.startswith("/"):
-        raise FormatError(f"JSON pointer {pointer!r} must be empty or start with '/'", file=file)
     node = doc
     walked = ""
-    for raw in pointer[1:].split("/"):
-        token = raw.replace("~1", "/").replace("~0", "~")
-        walked += "/" + raw
-        if isinstance(node, dict):
-            if token not in node:
-                raise FormatError(f"JSON pointer {pointer!r}: no key {token!r} at {walked!r}", file=file)
-            node = node[token]
-        elif isinstance(node, list):
-            if not (token.isdigit() and (token == "0" or not token.startswith("0"))):
-                raise FormatError(f"JSON pointer {pointer!r}: {token!r} is not an array index", file=file)
-            i = int(token)
-            if i >= len(node):
-                raise FormatError(f"JSON pointer {pointer!r}: index {i} past the array's end", file=file)
-            node = node[i]
-        else:
-            raise FormatError(f"JSON pointer {pointer!r}: {walked!r} goes into a scalar", file=file)
+    for token in pointer_tokens(pointer, file=file):
+        walked += "/" + escape_pointer(token)
+        node = _step(node, token, pointer, walked, file)
     return node
+
+
+def set_at_pointer(doc: Any, pointer: str, value: Any) -> Any:
+    """Replaces the value at ``pointer`` in ``doc`` (in place) and returns the document.
+
+    ``""`` replaces the whole document: ``value`` is returned.
+    """
+    tokens = pointer_tokens(pointer)
+    if not tokens:
+        return value
+    parent = resolve_pointer(doc, "".join("/" + escape_pointer(t) for t in tokens[:-1]))
+    last = tokens[-1]
+    if isinstance(parent, list):
+        if not _INDEX.match(last) or int(last) >= len(parent):
+            raise FormatError(f"JSON pointer {pointer!r}: {last!r} is not an index of the array")
+        parent[int(last)] = value
+    elif isinstance(parent, dict):
+        parent[last] = value
+    else:
+        raise FormatError(f"JSON pointer {pointer!r} goes into a scalar")
+    return doc
 
 
 def walk(doc: Any, pointer: str = "") -> Iterator[Tuple[str, Any]]:
@@ -201,3 +291,104 @@ def walk(doc: Any, pointer: str = "") -> Iterator[Tuple[str, Any]]:
         elif isinstance(node, list):
             for i in range(len(node) - 1, -1, -1):
                 stack.append((f"{ptr}/{i}", node[i]))
+
+
+# --- tagged JSON: Python values that JSON lacks --------------------------------
+#
+# Optimizer and scheduler states hold tuples (betas), non-finite floats (a
+# plateau's best = inf) and dicts with int keys. They are written as strict
+# JSON with a one-key tag object, read back exactly by ``from_tagged``:
+# {"__float__": "inf"}, {"__tuple__": [...]}, {"__dict__": [[key, value], ...]}.
+
+_TAGS = ("__float__", "__tuple__", "__dict__")
+
+
+def to_tagged(value: Any, where: str = "value") -> Any:
+    """``value`` as strict JSON, with tags for tuples, non-finite floats and non-str keys.
+
+    Iterative (no recursion limit to hit on deep input).
+
+    Raises:
+        TypeError: a value that is none of None, bool, int, float, str, list,
+            tuple and dict (naming where it is).
+    """
+    root: List[Any] = [None]
+    stack: List[Tuple[Any, str, Any, Any]] = [(value, where, root, 0)]
+    while stack:
+        v, at, parent, key = stack.pop()
+        if v is None or isinstance(v, (bool, str)):
+            out = v
+        elif isinstance(v, int):
+            out = int(v)
+        elif isinstance(v, float):
+            out = float(v) if math.isfinite(v) else {"__float__": repr(float(v))}
+        elif isinstance(v, (list, tuple)):
+            items: List[Any] = [None] * len(v)
+            out = items if isinstance(v, list) else {"__tuple__": items}
+            for i, x in enumerate(v):
+                stack.append((x, f"{at}[{i}]", items, i))
+        elif isinstance(v, dict):
+            if all(isinstance(k, str) for k in v) and not (len(v) == 1 and next(iter(v)) in _TAGS):
+                out = {}
+                for k, x in v.items():
+                    out[k] = None
+                    stack.append((x, f"{at}.{k}", out, k))
+            else:
+                pairs: List[Any] = []
+                out = {"__dict__": pairs}
+                for k, x in v.items():
+                    pair: List[Any] = [None, None]
+                    pairs.append(pair)
+                    stack.append((k, at, pair, 0))
+                    stack.append((x, f"{at}.{k}", pair, 1))
+        else:
+            raise TypeError(f"{at}: cannot store a {type(v).__qualname__} as JSON")
+        parent[key] = out
+    return root[0]
+
+
+def _tagged_children(v: Any) -> List[Any]:
+    if isinstance(v, list):
+        return v
+    if len(v) == 1:
+        if "__float__" in v:
+            return []
+        if isinstance(v.get("__tuple__"), list):
+            return v["__tuple__"]
+        if isinstance(v.get("__dict__"), list):
+            return [x for pair in v["__dict__"] for x in pair]
+    return list(v.values())
+
+
+def _tagged_build(v: Any, values: List[Any]) -> Any:
+    if isinstance(v, list):
+        return values
+    if len(v) == 1:
+        if "__float__" in v:
+            return float(v["__float__"])
+        if isinstance(v.get("__tuple__"), list):
+            return tuple(values)
+        if isinstance(v.get("__dict__"), list):
+            return dict(zip(values[0::2], values[1::2]))
+    return dict(zip(v.keys(), values))
+
+
+def from_tagged(value: Any) -> Any:
+    """The Python value that :func:`to_tagged` wrote (iterative, children before parents)."""
+    results: List[Any] = []
+    work: List[Tuple[Any, bool]] = [(value, False)]
+    while work:
+        v, children_done = work.pop()
+        if not isinstance(v, (list, dict)):
+            results.append(v)
+            continue
+        children = _tagged_children(v)
+        if not children_done:
+            work.append((v, True))
+            work.extend((c, False) for c in reversed(children))
+            continue
+        n = len(children)
+        values = results[len(results) - n:]
+        del results[len(results) - n:]
+        results.append(_tagged_build(v, values))
+    return results[0]

@@ -13,12 +13,13 @@ import json
 import math
 import os
 import posixpath
+import stat
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
 from . import _dtypes, _lowlevel
-from ._jsonio import escape_pointer, loads_strict, walk
+from ._jsonio import escape_pointer, loads_strict, resolve_pointer, walk
 from .errors import FormatError
 
 __all__ = [
@@ -37,6 +38,12 @@ __all__ = [
     "is_tensor_list",
     "find_tensor_lists",
     "read_json_file",
+    "read_json_bytes",
+    "read_capped",
+    "open_regular",
+    "select_list",
+    "looks_like_list",
+    "LIST_KEYS",
     "check_location",
     "check_data_path",
 ]
@@ -235,36 +242,113 @@ def find_tensor_lists(doc: Any) -> List[str]:
     return found
 
 
+def open_regular(path, *, what: str = "descriptor", file=None, field: Optional[str] = None) -> int:
+    """Opens ``path`` read-only and returns the fd, refusing anything but a regular file.
+
+    The one file-type check of the package: a FIFO would block a plain open
+    forever, a device (``/dev/zero``) never ends, a socket cannot be read, so
+    the open is non-blocking and the type is checked on the open file
+    (``fstat``, no race with a rename) before a byte is read; the fd is then
+    made blocking again.
+
+    Raises:
+        FormatError: not a regular file (naming ``file`` and ``field``).
+        OSError: it cannot be opened (FileNotFoundError included).
+    """
+    path = os.fspath(path)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = _FILE_KINDS.get(stat.S_IFMT(st.st_mode), "a special file")
+            shown = f"{what} {path!r}" if file is not None and os.fspath(file) != path else what
+            raise FormatError(f"{shown} is not a regular file: it is {kind}", file=file if file is not None else path,
+                              field=field)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+_FILE_KINDS = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket",
+               stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device"}
+
+
+def read_capped(fd: int, limit: int, *, file, what: str = "descriptor") -> bytes:
+    """Reads an open regular file whole, refusing it above ``limit`` bytes (before reading it)."""
+    size = os.fstat(fd).st_size
+    if size > limit:
+        raise FormatError(f"{what} is {size} bytes, above the limit of {limit} (raise it with max_descriptor_bytes=)",
+                          file=file)
+    with os.fdopen(os.dup(fd), "rb") as f:
+        # size + 1 (not the cap): read() sets aside the whole request up front
+        text = f.read(size + 1)
+        if len(text) > size:  # the file grew while we read
+            text += f.read(limit + 1 - len(text))
+    if len(text) > limit:
+        raise FormatError(f"{what} is above the limit of {limit} bytes", file=file)
+    return text
+
+
 def read_json_file(path, limits: Limits = Limits(), *, fast: bool = False) -> Any:
-    """Reads and strictly parses a JSON document, refusing it above the size cap.
+    """Reads and strictly parses a JSON document: a regular file, refused above the size cap.
 
     With ``fast``, the ``tensors`` arrays of TensorLists are left unparsed as
     :class:`TensorSpan` objects for ``parse_list`` to read in C (the rest of the
     document is parsed as usual); only the reading path uses this.
     """
     path = os.fspath(path)
+    fd = open_regular(path, what="descriptor")
     try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size > limits.max_descriptor_bytes:
-                raise FormatError(
-                    f"descriptor is {size} bytes, above the limit of {limits.max_descriptor_bytes} "
-                    "(raise it with max_descriptor_bytes=)",
-                    file=path,
-                )
-            # size + 1 (not the cap): read() sets aside the whole request up front
-            text = f.read(min(size, limits.max_descriptor_bytes) + 1)
-            if len(text) > size:  # the file grew while we read
-                text += f.read(limits.max_descriptor_bytes + 1 - len(text))
-    except IsADirectoryError as e:
-        raise FormatError("is a directory, not a JSON descriptor", file=path) from e
-    if len(text) > limits.max_descriptor_bytes:
-        raise FormatError(f"descriptor is above the limit of {limits.max_descriptor_bytes} bytes", file=path)
-    if fast:
-        doc = _fast_document(text, path)
+        text = read_capped(fd, limits.max_descriptor_bytes, file=path)
+    finally:
+        os.close(fd)
+    return read_json_bytes(text, file=path, limits=limits, fast=fast)
+
+
+def read_json_bytes(buf, *, file=None, limits: Limits = Limits(), fast: bool = False) -> Any:
+    """Strictly parses a JSON document held in memory, refusing it above the size cap.
+
+    The one capped strict parser: local files, remote objects and records all
+    come through here. ``fast`` as for :func:`read_json_file`.
+    """
+    if len(buf) > limits.max_descriptor_bytes:
+        raise FormatError(f"descriptor is {len(buf)} bytes, above the limit of {limits.max_descriptor_bytes} "
+                          "(raise it with max_descriptor_bytes=)", file=file)
+    if fast and isinstance(buf, (bytes, bytearray)):
+        doc = _fast_document(bytes(buf), file)
         if doc is not None:
             return doc
-    return loads_strict(text, file=path)
+    return loads_strict(buf, file=file)
+
+
+#: The keys that make an object a TensorList candidate (validated as one, not searched inside).
+LIST_KEYS = ("tensors", "location", "byteOffset", "byteLength")
+
+
+def looks_like_list(doc: Any) -> bool:
+    """Whether ``doc`` is itself meant as a TensorList (has any of its keys)."""
+    return isinstance(doc, dict) and any(k in doc for k in LIST_KEYS)
+
+
+def select_list(doc: Any, pointer: Optional[str], file: Optional[str]) -> Tuple[Any, str]:
+    """(object, pointer) of the one TensorList to read from a parsed document.
+
+    The document itself when it is a TensorList, the object at ``pointer``
+    when one is given; a document that embeds lists but is none needs one.
+    """
+    if pointer is not None:
+        return resolve_pointer(doc, pointer, file=file), pointer
+    if looks_like_list(doc):
+        return doc, ""
+    found = find_tensor_lists(doc)
+    if found:
+        shown = ", ".join(repr(p) for p in found[:10]) + (" ..." if len(found) > 10 else "")
+        raise FormatError(
+            f"is not a TensorList descriptor but a document embedding {len(found)} of them at "
+            f"{shown}: pass pointer= to choose one", file=file)
+    raise FormatError("is not a TensorList descriptor and embeds none", file=file)
 
 
 def _fast_document(buf: bytes, file) -> Any:

@@ -8,160 +8,22 @@ what an open Reader returns.
 """
 from __future__ import annotations
 
-import copy
-import errno
 import os
-import stat
 import warnings
 from typing import Any, Dict, Iterator, List, Optional, Union
 
 import numpy as np
 
-from . import _lowlevel
-from ._jsonio import resolve_pointer
-from .errors import ChecksumError, FormatError
-from .format import (
-    Limits,
-    ListDescriptor,
-    TensorInfo,
-    check_data_path,
-    check_data_size,
-    find_tensor_lists,
-    parse_list,
-    read_json_file,
-)
+from . import _backends
+from ._datafile import ListData, open_consistently
+from ._jsonio import resolve_pointer, set_at_pointer
+from .errors import FormatError
+from .format import Limits, ListDescriptor, TensorInfo, find_tensor_lists, parse_list, read_json_file, select_list
 
 __all__ = ["Reader", "open", "load", "load_document"]
 
-_LIST_KEYS = ("tensors", "location", "byteOffset", "byteLength")
-
-
-def _select_list(doc: Any, pointer: Optional[str], file: Optional[str]):
-    """(object, pointer) of the TensorList to read from a parsed document."""
-    if pointer is not None:
-        return resolve_pointer(doc, pointer, file=file), pointer
-    if isinstance(doc, dict) and any(k in doc for k in _LIST_KEYS):
-        return doc, ""
-    found = find_tensor_lists(doc)
-    if found:
-        shown = ", ".join(repr(p) for p in found[:10]) + (" ..." if len(found) > 10 else "")
-        raise FormatError(
-            f"is not a TensorList descriptor but a document embedding {len(found)} of them at "
-            f"{shown}: pass pointer= to choose one", file=file)
-    raise FormatError("is not a TensorList descriptor and embeds none", file=file)
-
-
 def _base_dir(path: str) -> str:
     return os.path.dirname(os.path.abspath(path))
-
-
-class _Data:
-    """The open data file of one list: a read-only mapping or an fd for pread."""
-
-    def __init__(self, desc: ListDescriptor, use_mmap: bool, allow_outside: bool = False):
-        self.desc = desc
-        self.path = desc.data_path
-        self.view: Optional[memoryview] = None
-        self.base: Optional[np.ndarray] = None  # uint8 array over the whole mapping
-        self.fd: Optional[int] = None
-        self.use_mmap = use_mmap
-        if desc.byte_length == 0:
-            return  # nothing to read: lamp does not touch the file either
-        check_data_path(desc, allow_outside)
-        flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
-        try:
-            fd = os.open(self.path, flags)  # FileNotFoundError is handled by the caller
-        except OSError as e:
-            if e.errno not in (errno.ENOTDIR, errno.ENAMETOOLONG, errno.ELOOP):
-                raise
-            # the location names no file: a path through a file, too long, or a symlink loop
-            raise FormatError(f"data file {self.path!r} cannot be opened: {e.strerror}", file=desc.file,
-                              field=f"{desc.pointer}/location" if desc.pointer else "location") from e
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise FormatError(f"data file {self.path!r} is not a regular file", file=desc.file,
-                                  field=f"{desc.pointer}/location" if desc.pointer else "location")
-            check_data_size(desc, st.st_size, self.path)
-            if use_mmap:
-                self.view = _lowlevel.map_readonly(fd, st.st_size, self.path)
-            else:
-                self.fd, fd = fd, None
-        finally:
-            if fd is not None:
-                os.close(fd)
-
-    def close(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
-        self.view = self.base = None  # arrays already handed out keep the mapping alive
-
-    def array(self, info: TensorInfo) -> np.ndarray:
-        return self.array_at(info.index)
-
-    def array_at(self, i: int) -> np.ndarray:
-        """Tensor ``i``: a view of the mapping, or (mmap=False) a fresh read."""
-        table = self.desc.tensors
-        dt = table.dtypes[i].numpy
-        shape = table.shapes[i]
-        length = table.lengths[i]
-        if length == 0:
-            a = np.empty(shape, dtype=dt)
-            a.flags.writeable = not self.use_mmap
-            return a
-        start = self.desc.byte_offset + table.offsets[i]
-        if self.view is not None:
-            if self.base is None:
-                self.base = np.frombuffer(self.view, np.uint8)
-            return np.ndarray(shape, dt, self.base, start)
-        if self.fd is None:
-            raise ValueError("I/O operation on a closed Reader")
-        out = _lowlevel.alloc(length)
-        try:
-            _lowlevel.pread_into(self.fd, out, start, path=self.path)
-        except EOFError as e:
-            t = table[i]
-            raise FormatError(f"data file {self.path!r} was truncated while reading",
-                              file=self.desc.file, tensor_index=i, tensor_name=t.name) from e
-        return out.view(dt).reshape(shape)
-
-    def read_all(self) -> Dict[str, np.ndarray]:
-        """Every tensor: views of the mapping, or (mmap=False) one parallel read into one buffer."""
-        desc = self.desc
-        if self.view is not None:
-            if self.base is None:
-                self.base = np.frombuffer(self.view, np.uint8)
-            return _views(self.base, desc.byte_offset, desc.tensors, readonly=True)
-        if self.fd is None:
-            if desc.byte_length:
-                raise ValueError("I/O operation on a closed Reader")
-            return _views(np.empty(0, np.uint8), 0, desc.tensors, readonly=self.use_mmap)
-        table = desc.tensors
-        if sum(table.lengths) < desc.byte_length // 2:
-            # mostly gaps (a hand-made layout): read the tensors, not the region
-            keys = table.keys()
-            return {keys[i]: self.array_at(i) for i in range(len(keys))}
-        buf = _lowlevel.alloc(desc.byte_length)
-        try:
-            _lowlevel.pread_into(self.fd, buf, desc.byte_offset, path=self.path)
-        except EOFError as e:
-            raise FormatError(f"data file {self.path!r} was truncated while reading", file=desc.file) from e
-        return _views(buf, 0, desc.tensors, readonly=False)
-
-
-def _views(base: np.ndarray, start: int, table, readonly: bool) -> Dict[str, np.ndarray]:
-    """Arrays over ``base`` for every tensor of ``table`` (offsets relative to ``start``)."""
-    nd = np.ndarray
-    out: Dict[str, np.ndarray] = {}
-    for key, dt, shape, off, ln in zip(table.keys(), table.dtypes, table.shapes, table.offsets, table.lengths):
-        if ln:
-            out[key] = nd(shape, dt.numpy, base, start + off)
-        else:
-            a = np.empty(shape, dt.numpy)
-            a.flags.writeable = not readonly
-            out[key] = a
-    return out
 
 
 class TensorMapping:
@@ -174,6 +36,7 @@ class TensorMapping:
     path: str
     descriptor: ListDescriptor
     _index: Optional[Dict[str, int]]
+    _data: Optional[ListData]
 
     @property
     def metadata(self) -> Any:
@@ -256,10 +119,8 @@ class Reader(TensorMapping):
     """
 
     def __new__(cls, path=None, *args, **kwargs):
-        if isinstance(path, str) and "://" in path:  # an fsspec URL: see tensorlist.remote
-            from .remote import RemoteReader
-
-            return RemoteReader(path, *args, **kwargs)
+        if _backends.is_remote(path):  # served by the registered URL backend (tensorlist.remote)
+            return _backends.dispatch("reader", path)(path, *args, **kwargs)
         return super().__new__(cls)
 
     def __init__(
@@ -273,32 +134,17 @@ class Reader(TensorMapping):
         max_tensors: Optional[int] = None,
         max_total_bytes: Optional[int] = None,
     ):
-        self.path = os.fspath(path)
+        self.path = _backends.localize(os.fspath(path))
         self._limits = Limits.of(max_descriptor_bytes, max_tensors, max_total_bytes)
         self._mmap = mmap
         self._index: Optional[Dict[str, int]] = None
-        # A concurrent save may replace the descriptor and delete the data file
-        # we just read about: re-read the descriptor and try again.
-        # Give up when the descriptor still names the same missing file (it is
-        # really missing); a descriptor that keeps changing is being replaced.
-        missing: Optional[str] = None
-        for _ in range(100):
-            desc = self._read_descriptor(pointer, allow_outside)
-            try:
-                self._data = _Data(desc, mmap, allow_outside)
-                break
-            except FileNotFoundError as e:
-                if desc.data_path == missing:
-                    raise FormatError(f"data file {desc.data_path!r} does not exist", file=self.path,
-                                      field=f"{desc.pointer}/location" if desc.pointer else "location") from e
-                missing = desc.data_path
-        else:
-            raise FormatError("the descriptor was replaced 100 times while being opened", file=self.path)
+        (desc,), (self._data,), _ = open_consistently(lambda: [self._read_descriptor(pointer, allow_outside)],
+                                                      mmap, allow_outside, file=self.path)
         self.descriptor: ListDescriptor = desc
 
     def _read_descriptor(self, pointer, allow_outside) -> ListDescriptor:
         doc = read_json_file(self.path, self._limits, fast=True)
-        obj, ptr = _select_list(doc, pointer, self.path)
+        obj, ptr = select_list(doc, pointer, self.path)
         return parse_list(obj, file=self.path, pointer=ptr, base_dir=_base_dir(self.path),
                           allow_outside=allow_outside, limits=self._limits)
 
@@ -328,8 +174,7 @@ class Reader(TensorMapping):
         """
         if self._data is None:
             raise ValueError("I/O operation on a closed Reader")
-        infos = [self.info(k) for k in (self.keys() if keys is None else keys)]
-        return _verify(self._data, infos)
+        return self._data.verify([self.info(k) for k in (self.keys() if keys is None else keys)])
 
     # --- lifetime ------------------------------------------------------------
     def close(self) -> None:
@@ -346,21 +191,6 @@ class Reader(TensorMapping):
         d = self.descriptor
         return (f"<tensorlist.Reader {self.path!r}{' ' + d.pointer if d.pointer else ''}: "
                 f"{len(d.tensors)} tensors, {d.byte_length} bytes{', closed' if self.closed else ''}>")
-
-
-def _verify(data: _Data, infos) -> int:
-    infos = [t for t in infos if t.crc32c is not None]
-    got = _lowlevel.crc32c_many([_bytes_view(data.array(t)) for t in infos])
-    for t, c in zip(infos, got):
-        if c != t.crc32c:
-            raise ChecksumError(f"CRC32C of the data is {c:#010x}, the descriptor says {t.crc32c:#010x}",
-                                file=data.desc.file, tensor_index=t.index, tensor_name=t.name, field="crc32c")
-    return len(infos)
-
-
-def _bytes_view(a: np.ndarray) -> np.ndarray:
-    """The stored bytes of a C-contiguous array as uint8 (works for ml_dtypes too)."""
-    return a.reshape(-1).view(np.uint8) if a.size else np.empty(0, np.uint8)
 
 
 def open(path, **kwargs) -> Reader:  # noqa: A001 - mirrors builtins.open on purpose
@@ -396,37 +226,60 @@ def load(path, *, pointer: Optional[str] = None, mmap: bool = True, verify: bool
         return r.to_dict()
 
 
-def load_document(path, *, mmap: bool = True, **kwargs):
+def load_document(path, *, mmap: bool = True, allow_outside: bool = False,
+                  max_descriptor_bytes: Optional[int] = None, max_tensors: Optional[int] = None,
+                  max_total_bytes: Optional[int] = None):
     """Loads a JSON document, replacing every embedded TensorList by its tensors.
 
+    Lists that share a data file share one mapping (or, with ``mmap=False``,
+    one private copy of the bytes they cover).
+
     Returns:
-        A deep copy of the document in which each TensorList object became a
-        dict name -> array (as ``load`` returns it).
+        The document in which each TensorList object became a dict name ->
+        array (as ``load`` returns it); the parsed document is not kept.
     """
-    path = os.fspath(path)
-    limits = Limits.of(kwargs.pop("max_descriptor_bytes", None), kwargs.pop("max_tensors", None),
-                       kwargs.pop("max_total_bytes", None))
-    allow_outside = kwargs.pop("allow_outside", False)
-    if kwargs:
-        raise TypeError(f"unexpected arguments {sorted(kwargs)}")
-    doc = read_json_file(path, limits)
-    out = copy.deepcopy(doc)
+    path = _backends.localize(os.fspath(path))
+    if _backends.is_remote(path):
+        return _backends.dispatch("load_document", path)(
+            path, mmap=mmap, allow_outside=allow_outside, max_descriptor_bytes=max_descriptor_bytes,
+            max_tensors=max_tensors, max_total_bytes=max_total_bytes)
+    limits = Limits.of(max_descriptor_bytes, max_tensors, max_total_bytes)
     base = _base_dir(path)
-    pointers = find_tensor_lists(doc)
-    for ptr in pointers:
-        desc = parse_list(resolve_pointer(doc, ptr), file=path, pointer=ptr, base_dir=base,
-                          allow_outside=allow_outside, limits=limits)
-        try:
-            data = _Data(desc, mmap, allow_outside)
-        except FileNotFoundError as e:
-            raise FormatError(f"data file {desc.data_path!r} does not exist", file=path,
-                              field=f"{ptr}/location" if ptr else "location") from e
-        tensors = data.read_all()
-        data.close()
-        if ptr == "":
-            return tensors
-        parent_ptr, _, last = ptr.rpartition("/")
-        parent = resolve_pointer(out, parent_ptr)
-        token = last.replace("~1", "/").replace("~0", "~")
-        parent[int(token) if isinstance(parent, list) else token] = tensors
-    return out
+    state = {}
+
+    def read():
+        doc = state["doc"] = read_json_file(path, limits)
+        return [parse_list(resolve_pointer(doc, ptr), file=path, pointer=ptr, base_dir=base,
+                           allow_outside=allow_outside, limits=limits) for ptr in find_tensor_lists(doc)]
+
+    descs, datas, shared = open_consistently(read, mmap, allow_outside, file=path)
+    doc = state["doc"]
+    try:
+        if not mmap:
+            _read_spans(descs, shared)
+        for desc, data in zip(descs, datas):
+            tensors = data.read_all()
+            if desc.pointer == "":
+                return tensors
+            doc = set_at_pointer(doc, desc.pointer, tensors)
+    finally:
+        for f in shared.values():
+            f.close()
+    return doc
+
+
+def _read_spans(descs, shared) -> None:
+    """mmap=False: one private copy of the bytes that overlapping lists of one data file cover.
+
+    Memory then stays below both the lists' total and the data file's size,
+    whatever the document repeats.
+    """
+    by_file: dict = {}
+    for d in descs:
+        if d.byte_length:
+            by_file.setdefault(d.data_path, []).append(d)
+    for p, group in by_file.items():
+        start = min(d.byte_offset for d in group)
+        end = max(d.byte_offset + d.byte_length for d in group)
+        if sum(d.byte_length for d in group) > end - start:
+            shared[p].read_span(start, end, group[0])

@@ -29,17 +29,19 @@ from __future__ import annotations
 import builtins
 import os
 import posixpath
-import re
 import shutil
 import tempfile
 from typing import Dict, Iterable, List, Optional
 
 import numpy as np
 
-from . import _lowlevel
-from ._jsonio import loads_strict
-from .errors import ChecksumError, FormatError, TensorListError
-from .format import Limits, ListDescriptor, check_data_size, parse_list
+from . import _backends, reader, writer
+from ._backends import is_url
+from ._commit import own_locations
+from ._datafile import check_crcs
+from ._jsonio import loads_strict, resolve_pointer
+from .errors import FormatError, TensorListError
+from .format import Limits, ListDescriptor, check_data_size, find_tensor_lists, parse_list, read_json_bytes, select_list
 from .reader import TensorMapping
 
 __all__ = ["is_url", "RemoteError", "RemoteReader", "RemoteWriter", "open", "load", "save"]
@@ -48,19 +50,6 @@ __all__ = ["is_url", "RemoteError", "RemoteReader", "RemoteWriter", "open", "loa
 MERGE_GAP = 64 << 10
 #: Largest single ranged read when tensors are merged.
 MAX_RANGE = 64 << 20
-
-_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
-_OWN_DATA = re.compile(r"\.[0-9a-f]{8}\.data\Z")
-
-
-def is_url(path) -> bool:
-    """Whether ``path`` is a URL (``scheme://...``) rather than a local path.
-
-    >>> is_url("s3://bucket/model.tl"), is_url("memory://x"), is_url("runs/model.tl")
-    (True, True, False)
-    """
-    return isinstance(path, str) and _URL.match(path) is not None
-
 
 class RemoteError(TensorListError, OSError):
     """A remote store could not be reached or refused an operation."""
@@ -115,19 +104,16 @@ class RemoteReader(TensorMapping):
 
     Args:
         url: the descriptor's URL.
-        pointer, allow_outside, max_descriptor_bytes, max_tensors: as for Reader.
+        pointer, allow_outside, max_descriptor_bytes, max_tensors, max_total_bytes: as for Reader.
         storage_options: passed to fsspec (credentials, endpoint...).
         mmap: accepted for compatibility; remote data is always read.
     """
 
     def __init__(self, url: str, *, pointer: Optional[str] = None, mmap: bool = True, allow_outside: bool = False,
                  max_descriptor_bytes: Optional[int] = None, max_tensors: Optional[int] = None,
-                 storage_options: Optional[dict] = None):
+                 max_total_bytes: Optional[int] = None, storage_options: Optional[dict] = None):
         self.path = url
-        self._limits = Limits(
-            max_descriptor_bytes if max_descriptor_bytes is not None else Limits().max_descriptor_bytes,
-            max_tensors if max_tensors is not None else Limits().max_tensors,
-        )
+        self._limits = Limits.of(max_descriptor_bytes, max_tensors, max_total_bytes)
         self.fs, self._fspath = _filesystem(url, storage_options)
         self._closed = False
         self._index: Optional[Dict[str, int]] = None
@@ -150,9 +136,6 @@ class RemoteReader(TensorMapping):
         self.descriptor: ListDescriptor = desc
 
     def _read_descriptor(self, pointer, allow_outside) -> ListDescriptor:
-        from .format import _fast_document
-        from .reader import _select_list
-
         url, fs, path = self.path, self.fs, self._fspath
         try:
             fs.invalidate_cache(path)  # a listing cached by fsspec may predate the last save
@@ -169,12 +152,8 @@ class RemoteReader(TensorMapping):
             buf = _call(url, "read the descriptor", fs.cat_file, path)
         except FileNotFoundError:
             raise FileNotFoundError(f"{url}: no such file") from None
-        if len(buf) > self._limits.max_descriptor_bytes:
-            raise FormatError(f"descriptor is above the limit of {self._limits.max_descriptor_bytes} bytes", file=url)
-        doc = _fast_document(buf, url)
-        if doc is None:
-            doc = loads_strict(buf, file=url)
-        obj, ptr = _select_list(doc, pointer, url)
+        doc = read_json_bytes(buf, file=url, limits=self._limits, fast=True)
+        obj, ptr = select_list(doc, pointer, url)
         return parse_list(obj, file=url, pointer=ptr, base_dir=None, allow_outside=allow_outside,
                           limits=self._limits)
 
@@ -257,14 +236,7 @@ class RemoteReader(TensorMapping):
         keys = self.keys() if keys is None else list(keys)
         infos = [self.info(k) for k in keys]
         infos = [t for t in infos if t.crc32c is not None]
-        arrays = self._fetch([t.index for t in infos])
-        got = _lowlevel.crc32c_many([a.reshape(-1).view(np.uint8) if a.size else np.empty(0, np.uint8)
-                                     for a in arrays])
-        for t, c in zip(infos, got):
-            if c != t.crc32c:
-                raise ChecksumError(f"CRC32C of the data is {c:#010x}, the descriptor says {t.crc32c:#010x}",
-                                    file=self.path, tensor_index=t.index, tensor_name=t.name, field="crc32c")
-        return len(infos)
+        return check_crcs(infos, self._fetch([t.index for t in infos]), self.path)
 
     def close(self) -> None:
         self._closed = True
@@ -278,13 +250,14 @@ class RemoteReader(TensorMapping):
 
 
 def open(url: str, **kwargs) -> RemoteReader:  # noqa: A001 - mirrors tensorlist.open
-    """Opens a remote TensorList lazily (see :class:`RemoteReader`)."""
-    return RemoteReader(url, **kwargs)
+    """Opens a remote TensorList lazily (see :class:`RemoteReader`); a file:// URL opens a local Reader."""
+    local = _backends.local_path(url)
+    return RemoteReader(url, **kwargs) if local is None else reader.Reader(local, **kwargs)
 
 
 def load(url: str, *, verify: bool = False, **kwargs) -> Dict[str, np.ndarray]:
     """Every tensor of a remote TensorList, fetched in parallel ranged reads."""
-    with RemoteReader(url, **kwargs) as r:
+    with open(url, **kwargs) as r:
         if verify:
             r.verify()
         return r.to_dict()
@@ -294,29 +267,15 @@ def load(url: str, *, verify: bool = False, **kwargs) -> Dict[str, np.ndarray]:
 
 def _old_locations(fs, path: str, base: str) -> List[str]:
     """Data objects of the descriptor being replaced that this library named (safe to delete)."""
-    from .format import find_tensor_lists
-    from ._jsonio import resolve_pointer
-
     try:
-        doc = loads_strict(fs.cat_file(path))
+        doc = read_json_bytes(fs.cat_file(path), file=path)
     except Exception:
         return []
-    own = []
-    for ptr in find_tensor_lists(doc):
-        loc = resolve_pointer(doc, ptr)["location"]
-        if "/" in loc or not loc.startswith(base + "."):
-            continue
-        rest = loc[len(base):]
-        if rest == ".data" or _OWN_DATA.match(rest):
-            own.append(loc)
-    return own
+    return own_locations(doc, base)
 
 
 def _upload(fs, path: str, url: str, local_desc: str) -> None:
     """Uploads a local save: the data object first, the descriptor last, then removes the old data."""
-    from .format import find_tensor_lists
-    from ._jsonio import resolve_pointer
-
     with builtins.open(local_desc, "rb") as f:
         text = f.read()
     doc = loads_strict(text, file=local_desc)
@@ -362,8 +321,9 @@ def save(url: str, tensors, *, storage_options: Optional[dict] = None, **kwargs)
         storage_options: passed to fsspec.
         **kwargs: those of :func:`tensorlist.save`.
     """
-    from .writer import save as _local_save
-
+    local = _backends.local_path(url)
+    if local is not None:
+        return writer.save(local, tensors, **kwargs)
     fs, path = _filesystem(url, storage_options)
     base = posixpath.basename(path)
     if not base:
@@ -371,7 +331,7 @@ def save(url: str, tensors, *, storage_options: Optional[dict] = None, **kwargs)
     tmp = tempfile.mkdtemp(prefix="tensorlist-upload-")
     try:
         local = os.path.join(tmp, base)
-        _local_save(local, tensors, **kwargs)
+        writer.save(local, tensors, **kwargs)
         _upload(fs, path, url, local)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -385,8 +345,6 @@ class RemoteWriter:
     """
 
     def __init__(self, url: str, *, storage_options: Optional[dict] = None, **kwargs):
-        from .writer import Writer
-
         self.url = url
         self.fs, self._fspath = _filesystem(url, storage_options)
         base = posixpath.basename(self._fspath)
@@ -395,7 +353,7 @@ class RemoteWriter:
         self._tmp = tempfile.mkdtemp(prefix="tensorlist-upload-")
         self._local = os.path.join(self._tmp, base)
         try:
-            self._writer = Writer(self._local, **kwargs)
+            self._writer = writer.Writer(self._local, **kwargs)
         except BaseException:
             shutil.rmtree(self._tmp, ignore_errors=True)
             raise
@@ -444,3 +402,18 @@ class RemoteWriter:
             self.close()
         else:
             self.abort()
+
+
+# --- the URL backend -------------------------------------------------------------------
+
+def _local_only(operation: str):
+    def handler(url: str, *args, **kwargs):
+        raise ValueError(f"{url}: {operation} takes local paths and file:// URLs, not remote URLs")
+    return handler
+
+
+_backends.register("reader", RemoteReader)
+_backends.register("writer", RemoteWriter)
+_backends.register("save", save)
+_backends.register("load_document", _local_only("load_document"))
+_backends.register("save_document", _local_only("save_document"))

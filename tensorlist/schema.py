@@ -11,9 +11,11 @@ import os
 from importlib import resources
 from typing import Any, Dict, List, Optional
 
+from . import _backends
+from ._datafile import open_consistently
 from ._jsonio import loads_strict, resolve_pointer
 from .errors import FormatError
-from .format import Limits, ListDescriptor, find_tensor_lists, parse_list, read_json_file
+from .format import Limits, ListDescriptor, find_tensor_lists, looks_like_list, parse_list, read_json_file
 
 __all__ = ["load_schema", "schema_validator", "validate"]
 
@@ -93,49 +95,46 @@ def validate(obj, *, pointer: Optional[str] = None, base_dir=None, check_data: b
     limits = Limits.of(max_descriptor_bytes, max_tensors, max_total_bytes)
     file = None
     if isinstance(obj, (dict, list)):
-        doc = obj
+        read = lambda: obj  # noqa: E731
     elif isinstance(obj, str) and obj.lstrip()[:1] in ("{", "["):
         doc = loads_strict(obj)
+        read = lambda: doc  # noqa: E731
     elif isinstance(obj, (str, os.PathLike)):
-        file = os.fspath(obj)
-        doc = read_json_file(file, limits)
+        file = _backends.localize(os.fspath(obj))
+        read = lambda: read_json_file(file, limits)  # noqa: E731
         if base_dir is None:
             base_dir = os.path.dirname(os.path.abspath(file))
     else:
         raise TypeError(f"validate() takes a path, a JSON string or a dict, not {type(obj).__name__}")
-    if pointer is not None:
-        targets = [pointer]
-    elif isinstance(doc, dict) and any(k in doc for k in ("tensors", "location", "byteOffset", "byteLength")):
-        targets = [""]
-    else:
-        targets = find_tensor_lists(doc)
-        if not targets:
-            raise FormatError("is not a TensorList descriptor and embeds none", file=file)
     base = os.fspath(base_dir) if base_dir is not None else None
-    out = []
-    for ptr in targets:
-        node = resolve_pointer(doc, ptr, file=file)
-        _schema_check(node, file, ptr)
-        desc = parse_list(node, file=file, pointer=ptr, base_dir=base, allow_outside=allow_outside,
-                          limits=limits)
-        if base is not None and (check_data or verify) and desc.byte_length > 0:
-            _check_data(desc, verify, allow_outside)
-        out.append(desc)
-    return out
 
+    def descriptors() -> List[ListDescriptor]:
+        doc = read()
+        if pointer is not None:
+            targets = [pointer]
+        elif looks_like_list(doc):
+            targets = [""]
+        else:
+            targets = find_tensor_lists(doc)
+            if not targets:
+                raise FormatError("is not a TensorList descriptor and embeds none", file=file)
+        out = []
+        for ptr in targets:
+            node = resolve_pointer(doc, ptr, file=file)
+            _schema_check(node, file, ptr)
+            out.append(parse_list(node, file=file, pointer=ptr, base_dir=base, allow_outside=allow_outside,
+                                  limits=limits))
+        return out
 
-def _check_data(desc: ListDescriptor, verify: bool, allow_outside: bool = False) -> None:
-    from .reader import _Data, _verify
-
-    field = f"{desc.pointer}/location" if desc.pointer else "location"
-    try:
-        data = _Data(desc, use_mmap=True, allow_outside=allow_outside)
-    except FileNotFoundError as e:
-        raise FormatError(f"data file {desc.data_path!r} does not exist", file=desc.file, field=field) from e
-    except IsADirectoryError as e:
-        raise FormatError(f"data file {desc.data_path!r} is a directory", file=desc.file, field=field) from e
+    if base is None or not (check_data or verify):
+        return descriptors()
+    # the same consistent open as a Reader's: a file being replaced is re-read, not reported missing
+    descs, datas, shared = open_consistently(descriptors, True, allow_outside, file=file)
     try:
         if verify:
-            _verify(data, desc.tensors)
+            for d in datas:
+                d.verify(d.desc.tensors)
     finally:
-        data.close()
+        for f in shared.values():
+            f.close()
+    return descs

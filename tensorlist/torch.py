@@ -1,83 +1,32 @@
-"""Thin torch adapters: tensors <-> numpy arrays without copies (bfloat16 and float8 included), and
-module and optimizer state files (``save_module_state``/``load_module_state`` with strict or
-reported non-strict loads, ``save_optimizer_state``/``load_optimizer_state``; see docs/LOOPS.md).
+"""Thin torch adapters: module and optimizer state files, and matching a module against a state.
 
-The only module of the core package that imports torch. numpy cannot hold
-torch's bfloat16/float8 tensors directly (``Tensor.numpy()`` refuses them), so
-they cross as a byte view and are re-typed with ml_dtypes, which shares the
-memory instead of converting values.
+``save_module_state``/``load_module_state`` (strict, or non-strict with a
+reported :class:`LoadResult`), ``save_optimizer_state``/``load_optimizer_state``,
+and :func:`match_state`, the one comparison of a module's state with another
+mapping (used by ``nn.load_model_weights`` and the loops' resume too). The
+tensor conversion itself (``to_numpy``, ``from_numpy``, ``torch_dtype``) lives
+in ``_torch_bridge`` and is re-exported here. See docs/LOOPS.md.
+
+Imports ``_torch_bridge``, ``_jsonio``, ``reader``, ``writer`` and ``record``.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
-import warnings
-from typing import Dict, Optional
+from typing import Dict, List, Mapping, Optional, Tuple
 
-import numpy as np
 import torch
 
-from . import _dtypes
+from . import reader, writer
+from ._jsonio import dumps, from_tagged, loads_strict, to_tagged
+from ._torch_bridge import from_numpy, state_to_numpy, to_numpy, torch_dtype
 
 __all__ = [
-    "to_numpy", "from_numpy", "torch_dtype", "state_to_numpy", "module_state", "LoadResult",
+    "to_numpy", "from_numpy", "torch_dtype", "state_to_numpy", "module_state", "LoadResult", "match_state",
     "save_module_state", "load_module_state", "load_state", "save_optimizer_state", "load_optimizer_state",
     "optimizer_state_parts", "optimizer_state_from_parts", "check_optimizer_state",
 ]
-
-
-def torch_dtype(code_or_name) -> torch.dtype:
-    """The torch dtype of a tensorlist dtype code or canonical name."""
-    row = _dtypes.from_code(code_or_name) if isinstance(code_or_name, int) else _dtypes.from_name(code_or_name)
-    if row is None:
-        raise ValueError(f"unknown dtype code {code_or_name!r}")
-    return getattr(torch, row.name)
-
-
-def to_numpy(t: torch.Tensor) -> np.ndarray:
-    """A numpy array with the tensor's dtype (bfloat16/float8 via ml_dtypes) and values.
-
-    Zero-copy for a contiguous CPU tensor; a GPU tensor is copied to host
-    memory (one tensor at a time), a non-contiguous one made contiguous.
-    """
-    t = t.detach()
-    if t.device.type != "cpu":
-        t = t.cpu()
-    if not t.is_contiguous():
-        t = t.contiguous()
-    name = str(t.dtype).removeprefix("torch.")
-    try:
-        row = _dtypes.from_name(name)
-    except KeyError:
-        raise TypeError(f"torch dtype {t.dtype} has no tensorlist dataType code") from None
-    if name in ("bfloat16",) or name.startswith("float8"):
-        return t.reshape(-1).view(torch.uint8).numpy().view(row.numpy).reshape(tuple(t.shape))
-    return t.numpy()
-
-
-def from_numpy(a: np.ndarray, device: Optional[torch.device] = None) -> torch.Tensor:
-    """A tensor sharing ``a``'s memory (CPU), or copied to ``device``.
-
-    Read-only arrays (memory-mapped loads) become tensors that must not be
-    written to; torch has no read-only tensors, so its warning about it is
-    silenced here and the rule is the caller's.
-    """
-    row = _dtypes.from_numpy(a.dtype)
-    if not a.dtype.isnative and a.dtype.itemsize > 1:
-        a = a.astype(a.dtype.newbyteorder("="))
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        if row.name == "bfloat16" or row.name.startswith("float8"):
-            t = torch.from_numpy(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
-            t = t.view(getattr(torch, row.name)).reshape(a.shape)
-        else:
-            t = torch.from_numpy(a)
-    return t.to(device) if device is not None else t
-
-
-def state_to_numpy(state: Dict[str, torch.Tensor]) -> Dict[str, np.ndarray]:
-    """A state_dict's tensors as numpy arrays (zero-copy on CPU)."""
-    return {k: to_numpy(v) for k, v in state.items()}
 
 
 # --------------------------------------------------------------------------
@@ -91,15 +40,10 @@ def state_to_numpy(state: Dict[str, torch.Tensor]) -> Dict[str, np.ndarray]:
 # step counts, which entries are tensors) as JSON in its metadata, so that
 # ``load_optimizer_state`` rebuilds the exact same state_dict.
 
-import dataclasses as _dataclasses  # noqa: E402
-import json as _json  # noqa: E402
-import math as _math  # noqa: E402
-from typing import List, Mapping, Tuple  # noqa: E402
-
 OPTIMIZER_STATE_FORMAT = "tensorlist.torch-optimizer-state/1"
 
 
-@_dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class LoadResult:
     """What a non-strict load did (BigDL's ``loadWeights(path, matchAll=false)``, made explicit).
 
@@ -161,7 +105,7 @@ def save_module_state(path, module, *, training: Optional[Mapping] = None,
         ['bias', 'weight']
     """
     state = module_state(module) if isinstance(module, torch.nn.Module) else dict(module)
-    arrays = {k: to_numpy(v) for k, v in state.items()}
+    arrays = state_to_numpy(state)
     if (training is None) != (dataset_params is None):
         raise ValueError("give both training= and dataset_params= (a model file holds both records), or neither")
     if training is not None:
@@ -170,8 +114,6 @@ def save_module_state(path, module, *, training: Optional[Mapping] = None,
         save_model_file(path, arrays, training=training, dataset_params=dataset_params, metadata=metadata,
                         **save_options)
         return
-    from . import writer
-
     writer.save(path, arrays, metadata=dict(metadata) if metadata else None, **save_options)
 
 
@@ -182,24 +124,39 @@ def load_state(path, *, device=None, pointer: Optional[str] = None, mmap: bool =
     mapping: zero-copy, and read-only by contract (copy before writing in
     place). On another device each tensor is copied there once.
     """
-    from .reader import load
-
-    arrays = load(path, pointer=pointer, mmap=mmap)
+    arrays = reader.load(path, pointer=pointer, mmap=mmap)
     dev = None if device is None or torch.device(device).type == "cpu" else torch.device(device)
     return {k: from_numpy(a, dev) for k, a in arrays.items()}
 
 
-def _match(module_state_: Mapping[str, torch.Tensor], file_state: Mapping[str, torch.Tensor]):
+def match_state(expected: Mapping, given: Mapping) -> LoadResult:
+    """Compares two name -> tensor mappings by name and shape (nothing is copied).
+
+    Args:
+        expected: what the module holds (its ``state_dict``, or any mapping of
+            names to objects with ``.shape``).
+        given: what a file or another module offers.
+
+    Returns:
+        A :class:`LoadResult`: ``loaded`` (same name and shape), ``missing``
+        (in ``expected`` only), ``unexpected`` (in ``given`` only) and
+        ``mismatched`` as ``(name, given shape, expected shape)``.
+
+    Example:
+        >>> r = match_state({"w": torch.zeros(2), "b": torch.zeros(1)}, {"w": torch.ones(3), "x": torch.ones(1)})
+        >>> r.missing, r.unexpected, r.mismatched
+        (('b',), ('x',), (('w', (3,), (2,)),))
+    """
     loaded, missing, mismatched = [], [], []
-    for name, t in module_state_.items():
-        if name not in file_state:
+    for name, t in expected.items():
+        if name not in given:
             missing.append(name)
-        elif tuple(file_state[name].shape) != tuple(t.shape):
-            mismatched.append((name, tuple(file_state[name].shape), tuple(t.shape)))
+        elif tuple(given[name].shape) != tuple(t.shape):
+            mismatched.append((name, tuple(given[name].shape), tuple(t.shape)))
         else:
             loaded.append(name)
-    unexpected = [n for n in file_state if n not in module_state_]
-    return loaded, missing, unexpected, mismatched
+    unexpected = [n for n in given if n not in expected]
+    return LoadResult(tuple(loaded), tuple(missing), tuple(unexpected), tuple(mismatched))
 
 
 def load_module_state(path, module: torch.nn.Module, *, strict: bool = True, device=None,
@@ -225,56 +182,21 @@ def load_module_state(path, module: torch.nn.Module, *, strict: bool = True, dev
         module.to(device)
     file_state = load_state(path, pointer=pointer)
     own = module.state_dict(keep_vars=True)
-    loaded, missing, unexpected, mismatched = _match(own, file_state)
-    result = LoadResult(tuple(loaded), tuple(missing), tuple(unexpected), tuple(mismatched))
-    if strict and (missing or unexpected):
+    result = match_state(own, file_state)
+    if strict and (result.missing or result.unexpected):
         raise KeyError(f"{os.fspath(path)}: state does not match the module "
-                       f"(missing in file: {missing}, unexpected in file: {unexpected}); "
+                       f"(missing in file: {list(result.missing)}, unexpected in file: {list(result.unexpected)}); "
                        "pass strict=False to load what matches")
-    if strict and mismatched:
+    if strict and result.mismatched:
         raise ValueError(f"{os.fspath(path)}: wrong shapes: " + ", ".join(
-            f"{n}: file {list(a)} vs module {list(b)}" for n, a, b in mismatched))
+            f"{n}: file {list(a)} vs module {list(b)}" for n, a, b in result.mismatched))
     with torch.no_grad():
-        for name in loaded:
+        for name in result.loaded:
             own[name].copy_(file_state[name])
     if not result.complete:
         logging.getLogger("tensorlist.torch").warning("%s: partial load into %s: %s", os.fspath(path),
                                                       type(module).__name__, result.summary())
     return result
-
-
-def _json_safe(value, where: str):
-    """Optimizer state_dict values that are not tensors, as strict JSON (with a type tag where needed)."""
-    if isinstance(value, bool) or value is None or isinstance(value, str):
-        return value
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float):
-        if _math.isfinite(value):
-            return value
-        return {"__float__": repr(value)}
-    if isinstance(value, (list, tuple)):
-        out = [_json_safe(v, f"{where}[{i}]") for i, v in enumerate(value)]
-        return out if isinstance(value, list) else {"__tuple__": out}
-    if isinstance(value, dict):
-        if not all(isinstance(k, str) for k in value):
-            return {"__dict__": [[_json_safe(k, where), _json_safe(v, f"{where}.{k}")] for k, v in value.items()]}
-        return {k: _json_safe(v, f"{where}.{k}") for k, v in value.items()}
-    raise TypeError(f"optimizer state {where}: cannot store a {type(value).__qualname__} as JSON")
-
-
-def _from_json_safe(value):
-    if isinstance(value, list):
-        return [_from_json_safe(v) for v in value]
-    if isinstance(value, dict):
-        if set(value) == {"__float__"}:
-            return float(value["__float__"])
-        if set(value) == {"__tuple__"}:
-            return tuple(_from_json_safe(v) for v in value["__tuple__"])
-        if set(value) == {"__dict__"}:
-            return {_from_json_safe(k): _from_json_safe(v) for k, v in value["__dict__"]}
-        return {k: _from_json_safe(v) for k, v in value.items()}
-    return value
 
 
 def optimizer_state_parts(state_dict: Mapping) -> Tuple[Dict[str, torch.Tensor], dict]:
@@ -294,16 +216,16 @@ def optimizer_state_parts(state_dict: Mapping) -> Tuple[Dict[str, torch.Tensor],
                 tensors[f"state.{pid}.{key}"] = value.detach()
                 tensor_keys.append(key)
             else:
-                plain[key] = _json_safe(value, f"state[{pid}].{key}")
-        state_json.append([_json_safe(pid, "state"), tensor_keys, plain])
+                plain[key] = to_tagged(value, f"optimizer state state[{pid}].{key}")
+        state_json.append([to_tagged(pid, "optimizer state state"), tensor_keys, plain])
     meta = {
         "format": OPTIMIZER_STATE_FORMAT,
         "state": state_json,
-        "param_groups": _json_safe(list(state_dict["param_groups"]), "param_groups"),
+        "param_groups": to_tagged(list(state_dict["param_groups"]), "optimizer state param_groups"),
     }
     extra = {k: v for k, v in state_dict.items() if k not in ("state", "param_groups")}
     if extra:
-        meta["extra"] = _json_safe(extra, "extra")
+        meta["extra"] = to_tagged(extra, "optimizer state extra")
     return tensors, meta
 
 
@@ -313,17 +235,17 @@ def optimizer_state_from_parts(tensors: Mapping[str, torch.Tensor], meta: Mappin
         raise ValueError(f"not an optimizer state (expected metadata format {OPTIMIZER_STATE_FORMAT!r})")
     state = {}
     for pid, tensor_keys, plain in meta["state"]:
-        pid = _from_json_safe(pid)
+        pid = from_tagged(pid)
         entry = {}
         for key in tensor_keys:
             name = f"state.{pid}.{key}"
             if name not in tensors:
                 raise ValueError(f"optimizer state: tensor {name!r} is missing")
             entry[key] = tensors[name]
-        entry.update(_from_json_safe(plain))
+        entry.update(from_tagged(plain))
         state[pid] = entry
-    out = {"state": state, "param_groups": _from_json_safe(meta["param_groups"])}
-    out.update(_from_json_safe(meta.get("extra", {})))
+    out = {"state": state, "param_groups": from_tagged(meta["param_groups"])}
+    out.update(from_tagged(meta.get("extra", {})))
     return out
 
 
@@ -344,11 +266,9 @@ def save_optimizer_state(path, optimizer, *, training: Optional[Mapping] = None,
 
         validate_training_record(training, field_prefix="training")
         validate_dataset_params(dataset_params, field_prefix="dataset_params")
-        metadata["training"] = _json.loads(_json.dumps(training))
-        metadata["dataset_params"] = _json.loads(_json.dumps(dataset_params))
-    from . import writer
-
-    writer.save(path, {k: to_numpy(v) for k, v in tensors.items()}, metadata=metadata, **save_options)
+        metadata["training"] = loads_strict(dumps(training))  # plain JSON values (tuples become lists)
+        metadata["dataset_params"] = loads_strict(dumps(dataset_params))
+    writer.save(path, state_to_numpy(tensors), metadata=metadata, **save_options)
 
 
 def load_optimizer_state(path, optimizer=None, *, device=None, pointer: Optional[str] = None) -> dict:
@@ -363,9 +283,7 @@ def load_optimizer_state(path, optimizer=None, *, device=None, pointer: Optional
             optimizer (another class, other groups or parameter counts); the
             optimizer is then left unchanged.
     """
-    from .reader import Reader
-
-    with Reader(path, pointer=pointer) as r:
+    with reader.Reader(path, pointer=pointer) as r:
         meta = r.metadata
     meta = meta.get("optimizer") if isinstance(meta, Mapping) else None
     if meta is None:

@@ -1,45 +1,30 @@
 """Writing: ``save``, the streaming :class:`Writer`, ``write_data`` and ``save_document``.
 
-Every save follows one protocol (docs/FORMAT.md, "Atomic replacement"):
+Tensors are prepared here (contiguous bytes, dtype row, byte-swap size; torch
+tensors through ``_torch_bridge``, imported only when one is passed), laid out
+(aligned offsets, padded lengths), written by the C core straight from the
+caller's buffers, and committed through ``_commit``'s one atomic replacement
+protocol. URLs go to the registered backend (``_backends``).
 
-1. the data goes to a temporary file in the target directory, written by the
-   C core straight from the caller's buffers, then fsynced and renamed to a
-   name no other save uses (``<name>.<random>.data``);
-2. the descriptor goes to a temporary file, fsynced, and renamed over the
-   target path (the commit point), then the directory is fsynced;
-3. the data file the old descriptor referenced is removed.
-
-Whenever the process dies, the target path names either the old descriptor
-(whose data file is still there) or the new one (whose data is complete).
-lamp mode writes lamp's fixed name ``<name>.data`` instead, so it has a short
-window, between the two renames, in which a crash pairs the old descriptor
-with the new data; the docs say so.
+Imports ``format``, ``_commit``, ``_backends``, ``_jsonio``, ``_dtypes`` and
+``_lowlevel``; never ``remote`` or torch.
 """
 from __future__ import annotations
 
-import fcntl
 import gc
 import os
-import re
-import secrets
 import sys
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import _dtypes, _lowlevel
 from json.encoder import encode_basestring as _encode_string
 
-from ._jsonio import dumps, dumps_lamp, escape_pointer, walk
-from .format import (
-    DEFAULT_ALIGNMENT,
-    FORMAT_VERSION,
-    LIST_ALIGNMENT,
-    MAX_ALIGNMENT,
-    MIN_TENSOR_ALIGNMENT,
-    find_tensor_lists,
-    read_json_file,
-)
+from . import _backends, _dtypes, _lowlevel
+from ._commit import Commit, atomic_file
+from ._jsonio import check_json, dumps, dumps_lamp, escape_pointer, resolve_pointer, walk
+from .errors import FormatError
+from .format import DEFAULT_ALIGNMENT, FORMAT_VERSION, LIST_ALIGNMENT, MAX_ALIGNMENT, MIN_TENSOR_ALIGNMENT, find_tensor_lists
 
 __all__ = ["save", "Writer", "Tensors", "write_data", "save_document"]
 
@@ -62,12 +47,9 @@ def _as_array(value, where: str) -> np.ndarray:
     if isinstance(value, np.ndarray):
         arr = value
     elif type(value).__module__.startswith("torch"):
-        from .torch import to_numpy  # torch is imported only when torch tensors come in
+        from ._torch_bridge import to_numpy  # torch is imported only when torch tensors come in
 
-        try:
-            arr = to_numpy(value)
-        except TypeError as e:
-            raise TypeError(f"{where}: {e}") from None
+        arr = to_numpy(value, where)
     else:
         try:
             arr = np.asarray(value)
@@ -305,185 +287,12 @@ def _check_metadata(metadata, lamp: bool):
         return None
     if lamp:
         raise ValueError("lamp=True writes exactly what lamp writes: metadata cannot be stored")
-    for ptr, node in walk(metadata):
-        if isinstance(node, dict):
-            bad = next((k for k in node if not isinstance(k, str)), None)
-            if bad is not None:  # json.dumps would turn 1 and True both into "1"
-                raise ValueError(f"metadata must be strict JSON with str keys, got key {bad!r} in the object at "
-                                 f"{ptr or '/'}")
     try:
-        dumps(metadata)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"metadata must be strict JSON (no NaN/Infinity, str keys): {e}") from e
+        check_json(metadata)
+    except FormatError as e:
+        raise ValueError(f"metadata must be strict JSON (str keys, no NaN/Infinity): {e.reason}"
+                         + (f" at {e.field}" if e.field not in (None, "/") else "")) from None
     return metadata
-
-
-# --- the atomic commit ---------------------------------------------------------
-
-_OWN_DATA = re.compile(r"\.[0-9a-f]{8}\.data\Z")
-
-
-class _Commit:
-    """Temporary files, renames, fsyncs and clean-up of one atomic save."""
-
-    def __init__(self, path, *, lamp: bool, durable: bool):
-        self.path = os.path.abspath(os.fspath(path))
-        self.dir, self.base = os.path.split(self.path)
-        if not self.base:
-            raise ValueError(f"{path!r} names a directory, not a file")
-        if os.path.isdir(self.path):
-            raise IsADirectoryError(f"{self.path} is a directory")
-        self.token = secrets.token_hex(4)
-        self.lamp = lamp
-        self.durable = durable
-        self.data_name = f"{self.base}.data" if lamp else f"{self.base}.{self.token}.data"
-        self.data_path = os.path.join(self.dir, self.data_name)
-        self.data_tmp = os.path.join(self.dir, f".{self.data_name}.{self.token}.tmp")
-        self.desc_tmp = os.path.join(self.dir, f".{self.base}.{self.token}.tmp")
-        self.data_renamed = False
-        self.fd: Optional[int] = None
-
-    def open_data(self) -> int:
-        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
-        self.fd = os.open(self.data_tmp, flags, 0o666)
-        _lock(self.fd)  # held until the commit ends: tells _sweep this save is alive
-        return self.fd
-
-    def finish_data(self) -> None:
-        if self.durable:
-            os.fsync(self.fd)
-        if not self.lamp:  # a fresh unique name: nothing refers to it yet
-            os.rename(self.data_tmp, self.data_path)
-            self.data_renamed = True
-
-    def commit(self, text: str) -> None:
-        old = self._old_locations()
-        fd = os.open(self.desc_tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
-        try:
-            _lock(fd)
-            _write_all(fd, text.encode("utf-8"))
-            if self.durable:
-                os.fsync(fd)
-            if self.lamp:
-                os.rename(self.data_tmp, self.data_path)
-                self.data_renamed = True
-            os.rename(self.desc_tmp, self.path)  # the commit point
-        finally:
-            os.close(fd)
-        if self.durable:
-            _fsync_dir(self.dir)
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
-        for loc in old:
-            if loc != self.data_name:
-                try:
-                    os.unlink(os.path.join(self.dir, loc))
-                except OSError:
-                    pass
-        self._sweep()
-
-    def _sweep(self) -> None:
-        """Removes what killed saves of this path left: temp files and unreferenced data files.
-
-        A live save holds an flock on each of its files, so only files whose
-        writer is gone can be locked here; a data file the current descriptor
-        references is kept.
-        """
-        try:
-            names = os.listdir(self.dir)
-        except OSError:
-            return
-        tmp = re.compile(rf"\.{re.escape(self.base)}(\.[0-9a-f]{{8}})?(\.data)?\.[0-9a-f]{{8}}\.tmp\Z")
-        data = re.compile(rf"{re.escape(self.base)}\.[0-9a-f]{{8}}\.data\Z")
-        candidates = [n for n in names if n != self.data_name and (tmp.match(n) or data.match(n))]
-        referenced = None
-        for name in candidates:
-            path = os.path.join(self.dir, name)
-            try:
-                fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0))
-            except OSError:
-                continue
-            try:
-                if not _lock(fd, must=True):
-                    continue  # a live save owns it
-                if data.match(name):
-                    if referenced is None:
-                        referenced = set(self._old_locations())
-                    if name in referenced:
-                        continue
-                os.unlink(path)
-            except OSError:
-                pass
-            finally:
-                os.close(fd)
-
-    def _old_locations(self) -> List[str]:
-        """Data files of the document being replaced that this library named (safe to delete)."""
-        try:
-            doc = read_json_file(self.path, fast=True)
-        except (OSError, ValueError):
-            return []
-        own = []
-        for ptr in find_tensor_lists(doc):
-            node = doc
-            for tok in ptr[1:].split("/") if ptr else []:
-                tok = tok.replace("~1", "/").replace("~0", "~")
-                node = node[int(tok)] if isinstance(node, list) else node[tok]
-            loc = node["location"]
-            if "/" in loc or not loc.startswith(self.base + "."):
-                continue
-            rest = loc[len(self.base):]
-            if rest == ".data" or _OWN_DATA.match(rest):
-                own.append(loc)
-        return own
-
-    def abort(self) -> None:
-        if self.fd is not None:
-            try:
-                os.close(self.fd)
-            except OSError:
-                pass
-            self.fd = None
-        for p in (self.data_tmp, self.desc_tmp) + ((self.data_path,) if self.data_renamed and not self.lamp else ()):
-            try:
-                os.unlink(p)
-            except OSError:
-                pass
-
-
-def _lock(fd: int, must: bool = False) -> bool:
-    """Takes an exclusive flock without waiting; False if another process holds one.
-
-    Filesystems without flock make it a no-op (and ``_sweep`` then keeps everything).
-    """
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except BlockingIOError:
-        return False
-    except OSError:
-        return not must
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        n = os.write(fd, view[: 1 << 30])
-        view = view[n:]
-
-
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # some filesystems refuse fsync on directories
-    finally:
-        os.close(fd)
 
 
 def _write_lists(fd, lists, alignment, checksum, durable, threads, path, lamp):
@@ -546,11 +355,10 @@ def save(path, tensors, *, metadata: Any = None, alignment: int = DEFAULT_ALIGNM
         >>> tensorlist.load(path)["w"].shape
         (2, 3)
     """
-    if isinstance(path, str) and "://" in path:  # an fsspec URL: see tensorlist.remote
-        from .remote import save as _remote_save
-
-        return _remote_save(path, tensors, metadata=metadata, alignment=alignment, checksum=checksum,
-                            lamp=lamp, durable=durable, threads=threads)
+    if _backends.is_remote(path):  # served by the registered URL backend (tensorlist.remote)
+        return _backends.dispatch("save", path)(path, tensors, metadata=metadata, alignment=alignment,
+                                                checksum=checksum, lamp=lamp, durable=durable, threads=threads)
+    path = _backends.localize(os.fspath(path))
     if lamp:
         alignment = MIN_TENSOR_ALIGNMENT
     _check_alignment(alignment)
@@ -560,7 +368,7 @@ def save(path, tensors, *, metadata: Any = None, alignment: int = DEFAULT_ALIGNM
     if lamp and named:
         # lamp lists are positional: the mapping's order is kept, its keys are not stored
         pass
-    commit = _Commit(path, lamp=lamp, durable=durable)
+    commit = Commit(path, lamp=lamp, durable=durable)
     try:
         fd = commit.open_data()
         [(_, offsets, length, crcs)] = _write_lists(fd, [items], alignment, checksum, durable, threads,
@@ -606,10 +414,8 @@ class Writer:
     """
 
     def __new__(cls, path=None, *args, **kwargs):
-        if isinstance(path, str) and "://" in path:  # an fsspec URL: see tensorlist.remote
-            from .remote import RemoteWriter
-
-            return RemoteWriter(path, *args, **kwargs)
+        if _backends.is_remote(path):  # served by the registered URL backend (tensorlist.remote)
+            return _backends.dispatch("writer", path)(path, *args, **kwargs)
         return super().__new__(cls)
 
     def __init__(self, path, *, metadata: Any = None, alignment: int = DEFAULT_ALIGNMENT,
@@ -620,7 +426,7 @@ class Writer:
         self.checksum = checksum and not lamp
         self.lamp = lamp
         self.threads = threads
-        self._commit = _Commit(path, lamp=lamp, durable=durable)
+        self._commit = Commit(_backends.localize(os.fspath(path)), lamp=lamp, durable=durable)
         self._fd = self._commit.open_data()
         self._entries: List[Dict[str, Any]] = []
         self._names: set = set()
@@ -796,7 +602,7 @@ def write_data(data_path, lists: Sequence, *, alignment: int = DEFAULT_ALIGNMENT
         One TensorList descriptor (a JSON-ready dict) per list, in order.
     """
     alignment = MIN_TENSOR_ALIGNMENT if lamp else _check_alignment(alignment)
-    data_path = os.path.abspath(os.fspath(data_path))
+    data_path = os.path.abspath(_backends.localize(os.fspath(data_path)))
     prepared, metas = [], []
     for i, lst in enumerate(lists):
         meta = None
@@ -804,25 +610,12 @@ def write_data(data_path, lists: Sequence, *, alignment: int = DEFAULT_ALIGNMENT
             lst, meta = lst.tensors, lst.metadata
         prepared.append(_items(lst, f"{data_path}: list {i}")[0])
         metas.append(_check_metadata(meta, lamp))
-    tmp = os.path.join(os.path.dirname(data_path), f".{os.path.basename(data_path)}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
-    try:
-        layout = _write_lists(fd, prepared, alignment, checksum, durable, threads, tmp, lamp)
-        if durable:
-            os.fsync(fd)
-        os.close(fd)
-        fd = None
-        os.rename(tmp, data_path)
-        if durable:
-            _fsync_dir(os.path.dirname(data_path))
-    except BaseException:
-        if fd is not None:
-            os.close(fd)
+    with atomic_file(data_path, durable) as tmp:
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
         try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+            layout = _write_lists(fd, prepared, alignment, checksum, durable, threads, tmp, lamp)
+        finally:
+            os.close(fd)
     loc = location if location is not None else os.path.basename(data_path)
     return [
         _descriptor(_tensor_entries(items, offs, crcs, lamp), loc, start, length, meta, lamp)
@@ -851,10 +644,19 @@ def save_document(path, document: Any, *, alignment: int = DEFAULT_ALIGNMENT, ch
         np.float64(4.0)
     """
     _check_alignment(alignment)
+    if _backends.is_remote(path):
+        return _backends.dispatch("save_document", path)(path, document, alignment=alignment, checksum=checksum,
+                                                         durable=durable, threads=threads)
+    path = _backends.localize(os.fspath(path))
+    try:
+        check_json(document, skip=(Tensors,))  # before the old file is touched
+    except FormatError as e:
+        raise ValueError(f"{os.fspath(path)}: the document must be strict JSON: {e.reason}"
+                         + (f" at {e.field}" if e.field not in (None, "/") else "")) from None
     found: List[Tuple[str, Tensors]] = [(p, v) for p, v in walk(document) if isinstance(v, Tensors)]
     prepared = [(_items(t.tensors, f"{path}: {p or '/'}")[0], _check_metadata(t.metadata, False))
                 for p, t in found]
-    commit = _Commit(path, lamp=False, durable=durable)
+    commit = Commit(path, lamp=False, durable=durable)
     try:
         fd = commit.open_data()
         layout = _write_lists(fd, [p[0] for p in prepared], alignment, checksum, durable, threads,
@@ -865,7 +667,9 @@ def save_document(path, document: Any, *, alignment: int = DEFAULT_ALIGNMENT, ch
             for (p, _), (items, meta), (start, offs, length, crcs) in zip(found, prepared, layout)
         }
         written = _replace(document, "", descs)
-        commit.commit(dumps(written) + "\n")
+        # lists the caller embedded as descriptors (kept from an earlier save) keep their data file
+        kept = [resolve_pointer(written, p)["location"] for p in find_tensor_lists(written) if p not in descs]
+        commit.commit(dumps(written) + "\n", keep=kept)
     except BaseException:
         commit.abort()
         raise

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import tensorlist as tl
 from tensorlist import format as F
-from tensorlist.reader import _select_list
+from tensorlist.format import select_list as _select_list
 
 
 def _outcome(path, fast):

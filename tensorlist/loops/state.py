@@ -42,7 +42,8 @@ import torch
 
 from .. import writer
 from ..reader import load_document
-from ..torch import _from_json_safe, _json_safe, to_numpy
+from .._jsonio import from_tagged as _from_json_safe, to_tagged as _json_safe
+from .._torch_bridge import to_numpy
 
 __all__ = ["Events", "State", "LOOP_STATE_FORMAT", "read_checkpoint", "rng_state", "set_rng_state"]
 

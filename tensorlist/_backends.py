@@ -1,0 +1,76 @@
+"""The one rule for "is this a URL", and the registry of URL backends.
+
+``reader`` and ``writer`` must not import the adapters that serve URLs
+(``remote``), or data would flow both ways. Instead the adapter registers its
+handlers here when the package is imported (``tensorlist/__init__.py`` imports
+``remote``), and the core asks :func:`dispatch` for the handler of an
+operation. Imports nothing of ours.
+"""
+from __future__ import annotations
+
+import re
+from typing import Callable, Dict
+
+__all__ = ["is_url", "is_remote", "local_path", "localize", "register", "dispatch"]
+
+# RFC 3986 scheme, then "://": "s3://b/k", "memory://x", "file:///tmp/x". A
+# Windows drive ("C:\\x") has no "//", a relative path no scheme.
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
+
+_HANDLERS: Dict[str, Callable] = {}
+
+
+def is_url(path) -> bool:
+    """Whether ``path`` is a URL (``scheme://...``) rather than a local path.
+
+    >>> is_url("s3://bucket/model.tl"), is_url("memory://x"), is_url("runs/model.tl")
+    (True, True, False)
+    """
+    return isinstance(path, str) and _URL.match(path) is not None
+
+
+def local_path(path) -> "str | None":
+    """The local path of a ``file://`` URL (``file:///tmp/m.tl`` -> ``/tmp/m.tl``), else None.
+
+    Such URLs are read and written by the local reader and writer themselves,
+    so a local file gets the same confinement, file-type checks and caps
+    whatever the spelling of its name.
+
+    >>> local_path("file:///data/m.tl"), local_path("s3://b/m.tl"), local_path("m.tl")
+    ('/data/m.tl', None, None)
+    """
+    if not isinstance(path, str) or not path[:7].lower() == "file://":
+        return None
+    rest = path[7:]
+    if rest.startswith("localhost/"):  # RFC 8089: file://localhost/path
+        rest = rest[len("localhost"):]
+    return rest or "/"
+
+
+def localize(path):
+    """``path`` itself, or the local path of a ``file://`` URL."""
+    local = local_path(path)
+    return path if local is None else local
+
+
+def is_remote(path) -> bool:
+    """A URL that a registered backend serves (any scheme but ``file``)."""
+    return is_url(path) and local_path(path) is None
+
+
+def register(operation: str, handler: Callable) -> None:
+    """Makes ``handler`` serve ``operation`` (``"reader"``, ``"writer"``, ``"save"``...) for URLs."""
+    _HANDLERS[operation] = handler
+
+
+def dispatch(operation: str, url: str) -> Callable:
+    """The registered handler of ``operation`` for ``url``.
+
+    Raises:
+        ImportError: no backend serves URLs (``tensorlist.remote`` failed to import).
+    """
+    handler = _HANDLERS.get(operation)
+    if handler is None:
+        raise ImportError(f"{url}: no URL backend is registered for {operation!r} "
+                          "(tensorlist.remote serves URLs: pip install 'tensorlist[remote]')")
+    return handler

@@ -1,0 +1,268 @@
+"""The data side of a read: opened data files, the arrays of a list over them, CRC checks.
+
+A :class:`DataFile` is one opened data file, checked once (confined to the
+descriptor's directory, a regular file, long enough for every list read from
+it) and then either mapped read-only (zero-copy views) or kept as an fd for
+``pread`` into private memory. Every list of a document that shares a data
+file shares its one mapping. :func:`open_consistently` pairs descriptors with
+their data while another process may be replacing both, for every reader
+(``Reader``, ``load_document``, ``validate``). :func:`check_crcs` is the one
+CRC32C comparison, for local and remote readers alike.
+
+Imports ``format``, ``_lowlevel`` and ``errors`` only.
+"""
+from __future__ import annotations
+
+import errno
+import os
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from . import _lowlevel
+from .errors import ChecksumError, FormatError
+from .format import ListDescriptor, TensorInfo, check_data_path, check_data_size, open_regular
+
+__all__ = ["DataFile", "ListData", "open_list", "open_consistently", "check_crcs", "bytes_view", "views"]
+
+#: How often a reader re-reads a descriptor that a concurrent save keeps replacing.
+MAX_REREADS = 100
+
+
+def _location_field(desc: ListDescriptor) -> str:
+    return f"{desc.pointer}/location" if desc.pointer else "location"
+
+
+class DataFile:
+    """One opened data file: a read-only mapping, or an fd for ``pread``.
+
+    Safety: arrays handed out keep the mapping alive on their own (numpy holds
+    the memoryview), so closing a DataFile never invalidates them.
+    """
+
+    def __init__(self, desc: ListDescriptor, use_mmap: bool, allow_outside: bool = False):
+        self.path = desc.data_path
+        self.use_mmap = use_mmap
+        self.view: Optional[memoryview] = None
+        self.base: Optional[np.ndarray] = None  # uint8 array over the whole mapping
+        self.fd: Optional[int] = None
+        self._span: Optional[Tuple[int, np.ndarray]] = None  # (start, private copy) for mmap=False
+        check_data_path(desc, allow_outside)
+        try:
+            fd = open_regular(self.path, what="data file", file=desc.file, field=_location_field(desc))
+        except OSError as e:  # FileNotFoundError goes to the caller, who may re-read the descriptor
+            if e.errno not in (errno.ENOTDIR, errno.ENAMETOOLONG, errno.ELOOP, errno.EACCES, errno.EISDIR):
+                raise
+            # the location names no readable file: a path through a file, too long, a symlink loop
+            raise FormatError(f"data file {self.path!r} cannot be opened: {e.strerror}", file=desc.file,
+                              field=_location_field(desc)) from e
+        try:
+            self.size = os.fstat(fd).st_size
+            if use_mmap:
+                self.view = _lowlevel.map_readonly(fd, self.size, self.path) if self.size else None
+            else:
+                self.fd, fd = fd, None
+        finally:
+            if fd is not None:
+                os.close(fd)
+
+    def check(self, desc: ListDescriptor) -> None:
+        """Refuses a list whose region does not fit in this file."""
+        check_data_size(desc, self.size, self.path)
+
+    def mapped(self) -> np.ndarray:
+        if self.base is None:
+            if self.view is None:
+                raise ValueError("I/O operation on a closed Reader")
+            self.base = np.frombuffer(self.view, np.uint8)
+        return self.base
+
+    def read(self, start: int, length: int, desc: ListDescriptor, index: Optional[int] = None) -> np.ndarray:
+        """``length`` bytes at ``start`` into fresh private memory (``pread``, in parallel in C)."""
+        if self._span is not None:
+            s, buf = self._span
+            if s <= start and start + length <= s + len(buf):
+                return buf[start - s:start - s + length]
+        if self.fd is None:
+            raise ValueError("I/O operation on a closed Reader")
+        out = _lowlevel.alloc(length)
+        try:
+            _lowlevel.pread_into(self.fd, out, start, path=self.path)
+        except EOFError as e:
+            t = desc.tensors[index] if index is not None else None
+            raise FormatError(f"data file {self.path!r} was truncated while reading", file=desc.file,
+                              tensor_index=index, tensor_name=t.name if t is not None else None) from e
+        return out
+
+    def read_span(self, start: int, end: int, desc: ListDescriptor) -> None:
+        """Reads ``[start, end)`` once; later reads inside it are views of that one copy.
+
+        Several lists of a document over the same bytes then cost the file's
+        size in memory, not the sum of the lists.
+        """
+        if self.fd is not None and end > start:
+            self._span = (start, self.read(start, end - start, desc))
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+        self.view = self.base = None
+        self._span = None
+
+
+class ListData:
+    """The tensors of one list over its (possibly shared) :class:`DataFile`."""
+
+    def __init__(self, desc: ListDescriptor, file: Optional[DataFile], use_mmap: bool, owns_file: bool = True):
+        self.desc = desc
+        self.file = file
+        self.use_mmap = use_mmap
+        self.owns_file = owns_file
+        self.closed = False
+
+    @property
+    def path(self) -> Optional[str]:
+        return self.desc.data_path
+
+    def array(self, info: TensorInfo) -> np.ndarray:
+        return self.array_at(info.index)
+
+    def array_at(self, i: int) -> np.ndarray:
+        """Tensor ``i``: a view of the mapping, or (mmap=False) a fresh read."""
+        if self.closed:
+            raise ValueError("I/O operation on a closed Reader")
+        table = self.desc.tensors
+        dt, shape, length = table.dtypes[i].numpy, table.shapes[i], table.lengths[i]
+        if length == 0:
+            a = np.empty(shape, dtype=dt)
+            a.flags.writeable = not self.use_mmap
+            return a
+        start = self.desc.byte_offset + table.offsets[i]
+        if self.use_mmap:
+            return np.ndarray(shape, dt, self.file.mapped(), start)
+        return self.file.read(start, length, self.desc, i).view(dt).reshape(shape)
+
+    def read_all(self) -> Dict[str, np.ndarray]:
+        """Every tensor: views of the mapping, or (mmap=False) one parallel read into one buffer."""
+        if self.closed:
+            raise ValueError("I/O operation on a closed Reader")
+        desc = self.desc
+        if self.file is None:  # an empty region: no file was opened
+            return views(np.empty(0, np.uint8), 0, desc.tensors, readonly=self.use_mmap)
+        if self.use_mmap:
+            return views(self.file.mapped(), desc.byte_offset, desc.tensors, readonly=True)
+        table = desc.tensors
+        if sum(table.lengths) < desc.byte_length // 2:
+            # mostly gaps (a hand-made layout): read the tensors, not the region
+            keys = table.keys()
+            return {keys[i]: self.array_at(i) for i in range(len(keys))}
+        buf = self.file.read(desc.byte_offset, desc.byte_length, desc)
+        return views(buf, 0, table, readonly=False)
+
+    def verify(self, infos: Sequence[TensorInfo]) -> int:
+        """Checks the stored CRC32Cs of ``infos``; returns how many were checked."""
+        infos = [t for t in infos if t.crc32c is not None]
+        return check_crcs(infos, [self.array(t) for t in infos], self.desc.file)
+
+    def close(self) -> None:
+        if self.owns_file and self.file is not None:
+            self.file.close()
+        self.closed = True
+
+
+def open_list(desc: ListDescriptor, use_mmap: bool, allow_outside: bool = False,
+              shared: Optional[Dict[str, DataFile]] = None) -> ListData:
+    """Opens the data of one list; with ``shared``, one DataFile per data path serves every list.
+
+    Raises:
+        FileNotFoundError: the data file does not exist (the caller decides
+            whether the descriptor was replaced meanwhile).
+        FormatError: the data file is refused (confinement, type, size).
+    """
+    if desc.byte_length == 0:
+        return ListData(desc, None, use_mmap)  # nothing to read: lamp does not touch the file either
+    if shared is None:
+        f = DataFile(desc, use_mmap, allow_outside)
+        try:
+            f.check(desc)
+        except BaseException:
+            f.close()
+            raise
+        return ListData(desc, f, use_mmap)
+    f = shared.get(desc.data_path)
+    if f is None:
+        f = shared[desc.data_path] = DataFile(desc, use_mmap, allow_outside)
+    elif not allow_outside:
+        check_data_path(desc, allow_outside)  # the same path may be confined for one file and not another
+    f.check(desc)
+    return ListData(desc, f, use_mmap, owns_file=False)
+
+
+def open_consistently(read: Callable[[], List[ListDescriptor]], use_mmap: bool, allow_outside: bool = False,
+                      *, file: Optional[str] = None) -> Tuple[List[ListDescriptor], List[ListData], Dict[str, DataFile]]:
+    """Reads descriptors with ``read()`` and opens their data, re-reading while a save replaces them.
+
+    A concurrent save may replace the descriptor and delete the data file we
+    just read about: re-read the descriptor and try again. A data file is
+    missing for real only when the re-read descriptor names the same missing
+    file again; a descriptor that keeps changing is being replaced.
+
+    Returns:
+        (descriptors, their ListData, the shared DataFiles to close).
+    """
+    missing: Optional[str] = None
+    for _ in range(MAX_REREADS):
+        descs = read()
+        shared: Dict[str, DataFile] = {}
+        opened: List[ListData] = []
+        try:
+            for d in descs:
+                opened.append(open_list(d, use_mmap, allow_outside, shared))
+            return descs, opened, shared
+        except FileNotFoundError as e:
+            for f in shared.values():
+                f.close()
+            d = descs[len(opened)]
+            if d.data_path == missing:
+                raise FormatError(f"data file {d.data_path!r} does not exist", file=d.file,
+                                  field=_location_field(d)) from e
+            missing = d.data_path
+        except BaseException:
+            for f in shared.values():
+                f.close()
+            raise
+    raise FormatError(f"the descriptor was replaced {MAX_REREADS} times while being opened", file=file)
+
+
+def check_crcs(infos: Sequence[TensorInfo], arrays: Sequence[np.ndarray], file) -> int:
+    """Compares the CRC32C of each array's bytes (in parallel, in C) with its descriptor entry.
+
+    Raises:
+        ChecksumError: naming the first tensor whose bytes do not match.
+    """
+    got = _lowlevel.crc32c_many([bytes_view(a) for a in arrays])
+    for t, c in zip(infos, got):
+        if c != t.crc32c:
+            raise ChecksumError(f"CRC32C of the data is {c:#010x}, the descriptor says {t.crc32c:#010x}",
+                                file=file, tensor_index=t.index, tensor_name=t.name, field="crc32c")
+    return len(infos)
+
+
+def bytes_view(a: np.ndarray) -> np.ndarray:
+    """The stored bytes of a C-contiguous array as uint8 (works for ml_dtypes too)."""
+    return a.reshape(-1).view(np.uint8) if a.size else np.empty(0, np.uint8)
+
+
+def views(base: np.ndarray, start: int, table, readonly: bool) -> Dict[str, np.ndarray]:
+    """Arrays over ``base`` for every tensor of ``table`` (offsets relative to ``start``)."""
+    nd = np.ndarray
+    out: Dict[str, np.ndarray] = {}
+    for key, dt, shape, off, ln in zip(table.keys(), table.dtypes, table.shapes, table.offsets, table.lengths):
+        if ln:
+            out[key] = nd(shape, dt.numpy, base, start + off)
+        else:
+            a = np.empty(shape, dt.numpy)
+            a.flags.writeable = not readonly
+            out[key] = a
+    return out

@@ -1,0 +1,108 @@
+"""The only torch <-> numpy conversion of the package (a leaf: imports torch, ``_dtypes``, ``errors``).
+
+numpy cannot hold torch's bfloat16/float8 tensors directly (``Tensor.numpy()``
+refuses them), so they cross as a byte view and are re-typed with ml_dtypes,
+which shares the memory instead of converting values. Every module that meets
+a torch tensor (the writer, the adapters, the record's hash, the converters)
+converts through here, so every path resolves and refuses the same tensors:
+
+- conjugate and negative views (``t.conj()``, ``torch._neg_view``) are
+  resolved: the values are saved, not the lazy bit;
+- sparse (COO, CSR, ...), meta-device and quantized tensors have no plain
+  bytes to save and are refused with a TypeError naming the tensor, as
+  safetensors does for sparse tensors.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Dict, Optional
+
+import numpy as np
+import torch
+
+from . import _dtypes
+
+__all__ = ["to_numpy", "from_numpy", "torch_dtype", "state_to_numpy", "is_tensor"]
+
+
+def is_tensor(value) -> bool:
+    return isinstance(value, torch.Tensor)
+
+
+def torch_dtype(code_or_name) -> torch.dtype:
+    """The torch dtype of a tensorlist dtype code or canonical name."""
+    row = _dtypes.from_code(code_or_name) if isinstance(code_or_name, int) else _dtypes.from_name(code_or_name)
+    if row is None:
+        raise ValueError(f"unknown dtype code {code_or_name!r}")
+    return getattr(torch, row.name)
+
+
+def _refusal(t: torch.Tensor) -> Optional[str]:
+    if t.layout != torch.strided:
+        return f"a sparse tensor ({t.layout}) has no dense bytes to store: call .to_dense() first"
+    if t.is_quantized:
+        return "a quantized tensor cannot be stored: call .dequantize() first (or store int_repr() and its scales)"
+    if t.device.type == "meta":
+        return "a tensor on the meta device has no data to store"
+    return None
+
+
+def to_numpy(t: torch.Tensor, where: str = "tensor") -> np.ndarray:
+    """A numpy array with the tensor's dtype (bfloat16/float8 via ml_dtypes) and values.
+
+    Zero-copy for a contiguous CPU tensor; a GPU tensor is copied to host
+    memory (one tensor at a time), a non-contiguous one made contiguous, a
+    conjugate or negative view resolved.
+
+    Raises:
+        TypeError: a sparse, quantized or meta tensor, or a dtype tensorlist
+            has no code for (naming ``where``).
+    """
+    why = _refusal(t)
+    if why is not None:
+        raise TypeError(f"{where}: {why}")
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    if t.is_conj():
+        t = t.resolve_conj()
+    if t.is_neg():
+        t = t.resolve_neg()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    name = str(t.dtype).removeprefix("torch.")
+    try:
+        row = _dtypes.from_name(name)
+    except KeyError:
+        raise TypeError(f"{where}: torch dtype {t.dtype} has no tensorlist dataType code") from None
+    if name == "bfloat16" or name.startswith("float8"):
+        shape = tuple(t.shape)
+        if t.numel() == 0:  # torch refuses dtype views of some empty tensors
+            return np.empty(shape, row.numpy)
+        return t.reshape(-1).view(torch.uint8).numpy().view(row.numpy).reshape(shape)
+    return t.numpy()
+
+
+def from_numpy(a: np.ndarray, device: Optional[torch.device] = None) -> torch.Tensor:
+    """A tensor sharing ``a``'s memory (CPU), or copied to ``device``.
+
+    Read-only arrays (memory-mapped loads) become tensors that must not be
+    written to; torch has no read-only tensors, so its warning about it is
+    silenced here and the rule is the caller's.
+    """
+    row = _dtypes.from_numpy(a.dtype)
+    if not a.dtype.isnative and a.dtype.itemsize > 1:
+        a = a.astype(a.dtype.newbyteorder("="))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        if row.name == "bfloat16" or row.name.startswith("float8"):
+            t = torch.from_numpy(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
+            t = t.view(getattr(torch, row.name)).reshape(a.shape)
+        else:
+            t = torch.from_numpy(a)
+    return t.to(device) if device is not None else t
+
+
+def state_to_numpy(state: Dict[str, torch.Tensor]) -> Dict[str, np.ndarray]:
+    """A state_dict's tensors as numpy arrays (zero-copy on CPU), each refused or converted by name."""
+    return {k: to_numpy(v, f"tensor {k!r}") for k, v in state.items()}
