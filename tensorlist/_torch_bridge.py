@@ -41,7 +41,8 @@ def _refusal(t: torch.Tensor) -> Optional[str]:
     if t.layout != torch.strided:
         return f"a sparse tensor ({t.layout}) has no dense bytes to store: call .to_dense() first"
     if t.is_quantized:
-        return "a quantized tensor cannot be stored: call .dequantize() first (or store int_repr() and its scales)"
+        return (f"a quantized tensor ({t.dtype}) cannot be stored: call .dequantize() first "
+                "(or store int_repr() and its scales)")
     if t.device.type == "meta":
         return "a tensor on the meta device has no data to store"
     return None

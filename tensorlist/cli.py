@@ -11,9 +11,9 @@ from typing import List, Optional
 
 import numpy as np
 
-from . import __version__
+from . import __version__, _backends
 from .errors import TensorListError
-from .format import find_tensor_lists, read_json_file
+from .format import find_tensor_lists, looks_like_list, read_json_file
 from .reader import Reader
 from .schema import validate
 
@@ -109,12 +109,6 @@ def _record_summary(metadata) -> Optional[dict]:
     }
 
 
-def _is_url(path: str) -> bool:
-    from .remote import is_url
-
-    return is_url(path)
-
-
 def _inspect_other(path: str, fmt: str, as_json: bool, out) -> None:
     """inspect for the formats convert reads (safetensors, HF index, npz, npy, torch)."""
     from .convert import open_source
@@ -146,11 +140,11 @@ def cmd_inspect(args) -> int:
     if fmt not in ("tensorlist", "lamp"):
         _inspect_other(args.file, fmt, args.json, sys.stdout)
         return 0
-    if args.pointer is None and _is_url(args.file):
+    if args.pointer is None and _backends.is_remote(args.file):
         pointers = [""]
     elif args.pointer is None:
-        doc = read_json_file(args.file)
-        if isinstance(doc, dict) and not any(k in doc for k in ("tensors", "location", "byteOffset", "byteLength")):
+        doc = read_json_file(_backends.localize(args.file))
+        if isinstance(doc, dict) and not looks_like_list(doc):
             pointers = find_tensor_lists(doc) or [""]
         else:
             pointers = [""]
@@ -165,7 +159,7 @@ def cmd_validate(args) -> int:
     bad = 0
     for f in args.files:
         try:
-            if _is_url(f):
+            if _backends.is_remote(f):
                 with Reader(f, allow_outside=args.allow_outside) as r:
                     if args.verify:
                         r.verify()
@@ -329,7 +323,7 @@ def cmd_diff(args) -> int:
 def _record_source(path: str):
     from .record import read_training_record
 
-    if _is_url(path):
+    if _backends.is_remote(path):
         with Reader(path) as r:
             return read_training_record({"metadata": r.metadata})
     return read_training_record(path)

@@ -28,7 +28,8 @@ from typing import Callable, Dict, List, Sequence, Tuple, Union
 import torch
 import torch.nn.functional as F
 
-from .torch import LoadResult, load_module_state, save_module_state
+from . import _backends
+from .torch import LoadResult, load_module_state, match_state, save_module_state
 
 __all__ = [
     "load_model_weights", "load_weights", "save_weights", "save_module", "parameters_table",
@@ -42,14 +43,14 @@ __all__ = [
 # weights
 
 
-def _layers(module: torch.nn.Module) -> Dict[str, Dict[str, torch.Tensor]]:
-    """Layer name -> its own (non-recursive) parameters and buffers."""
+def _layer_tensors(module: torch.nn.Module) -> Dict[str, torch.Tensor]:
+    """``layer.tensor`` -> each layer's own (non-recursive) parameters and buffers, in module order."""
     out = {}
     for name, m in module.named_modules():
         own = dict(m.named_parameters(recurse=False))
         own.update({k: b for k, b in m.named_buffers(recurse=False) if b is not None})
-        if own:
-            out[name] = own
+        for t, v in own.items():
+            out[f"{name}.{t}" if name else t] = v
     return out
 
 
@@ -71,31 +72,12 @@ def load_model_weights(dst: torch.nn.Module, src: torch.nn.Module, match_all: bo
         >>> load_model_weights(b, a).complete and torch.equal(a[0].weight, b[0].weight)
         True
     """
-    d, s = _layers(dst), _layers(src)
-    loaded, missing, unexpected, mismatched = [], [], [], []
-    for layer, tensors in d.items():
-        for t, v in tensors.items():
-            key = f"{layer}.{t}" if layer else t
-            other = s.get(layer, {}).get(t)
-            if other is None:
-                missing.append(key)
-            elif other.shape != v.shape:
-                mismatched.append((key, tuple(other.shape), tuple(v.shape)))
-            else:
-                loaded.append(key)
-    for layer, tensors in s.items():
-        for t in tensors:
-            if t not in d.get(layer, {}):
-                unexpected.append(f"{layer}.{t}" if layer else t)
-    result = LoadResult(tuple(loaded), tuple(missing), tuple(unexpected), tuple(mismatched))
-    if match_all and (missing or mismatched):
+    own, theirs = _layer_tensors(dst), _layer_tensors(src)
+    result = match_state(own, theirs)
+    if match_all and (result.missing or result.mismatched):
         raise ValueError(f"load_model_weights(match_all=True): layers do not match: {result.summary()}")
-    own = dict(dst.named_parameters())
-    own.update(dict(dst.named_buffers()))
-    theirs = dict(src.named_parameters())
-    theirs.update(dict(src.named_buffers()))
     with torch.no_grad():
-        for key in loaded:
+        for key in result.loaded:
             own[key].copy_(theirs[key])
     if not result.complete:
         import logging
@@ -126,7 +108,7 @@ def save_module(module: torch.nn.Module, path, overwrite: bool = False, *, train
         FileExistsError: ``path`` exists (local paths) and ``overwrite`` is False.
     """
     p = os.fspath(path)
-    if not overwrite and "://" not in p and os.path.exists(p):
+    if not overwrite and not _backends.is_remote(p) and os.path.exists(_backends.localize(p)):
         raise FileExistsError(f"{p} exists; pass overwrite=True to replace it")
     meta = dict(metadata or {})
     meta.setdefault("module", f"{type(module).__module__}.{type(module).__qualname__}")
