@@ -9,8 +9,8 @@ naming the file, the tensor (index and name) and the field.
 """
 from __future__ import annotations
 
+import errno
 import json
-import math
 import os
 import posixpath
 import stat
@@ -31,6 +31,8 @@ __all__ = [
     "MAX_DESCRIPTOR_BYTES",
     "MAX_TENSORS",
     "MAX_INT",
+    "MAX_DIMS",
+    "short_repr",
     "Limits",
     "TensorInfo",
     "ListDescriptor",
@@ -68,6 +70,8 @@ MAX_DESCRIPTOR_BYTES = 256 << 20
 MAX_TENSORS = 10_000_000
 #: Largest offset or length: JSON integers must fit a signed 64-bit value (lamp's Long).
 MAX_INT = (1 << 63) - 1
+#: Most dims a tensor may have: numpy's limit (NPY_MAXDIMS in numpy 2), so every valid file loads.
+MAX_DIMS = 64
 
 
 class Limits(NamedTuple):
@@ -256,7 +260,14 @@ def open_regular(path, *, what: str = "descriptor", file=None, field: Optional[s
         OSError: it cannot be opened (FileNotFoundError included).
     """
     path = os.fspath(path)
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        if e.errno != errno.ENXIO:  # ENXIO: a unix socket (or a FIFO's peer is gone): not a file to read
+            raise
+        shown = f"{what} {path!r}" if file is not None and os.fspath(file) != path else what
+        raise FormatError(f"{shown} is not a regular file: it is a socket or device without a reader",
+                          file=file if file is not None else path, field=field) from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -388,8 +399,8 @@ def _fast_document(buf: bytes, file) -> Any:
 
 def check_location(location: str, *, file=None, field="location", allow_outside=False) -> None:
     """Refuses a location that is absolute or climbs out of the document's directory."""
-    if location == "" or "\x00" in location:
-        raise FormatError(f"must be a non-empty relative POSIX path without NUL, got {location!r}",
+    if location == "" or "\x00" in location or not _utf8(location):
+        raise FormatError(f"must be a non-empty relative POSIX path of UTF-8 text without NUL, got {short_repr(location)}",
                           file=file, field=field)
     if allow_outside:
         return
@@ -491,7 +502,7 @@ def parse_list(
                 size *= d or 1
             if size > MAX_INT:
                 t = table[i]
-                fail(f"dims {list(shape)}: the non-zero dims x {t.dtype.itemsize} bytes overflow 64 bits",
+                fail(f"dims {short_repr(list(shape))}: the non-zero dims x {t.dtype.itemsize} bytes overflow 64 bits",
                      "dims", i, t.name)
         status, bad, other = _lowlevel.check_layout(spans, list_length, MIN_TENSOR_ALIGNMENT)
         if status:
@@ -524,6 +535,34 @@ def parse_list(
     )
 
 
+def _utf8(text: str) -> bool:
+    """Whether ``text`` can be written as UTF-8 (JSON's "\\ud800" escapes parse to lone surrogates)."""
+    try:
+        text.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
+def _nbytes(dims, itemsize: int) -> Optional[int]:
+    """dims x itemsize, or None once the product passes 2**63 (bounded work on hostile dims)."""
+    n = itemsize
+    zero = False
+    for d in dims:
+        if d == 0:
+            zero = True
+        elif n <= MAX_INT:
+            n *= d
+    return 0 if zero else (n if n <= MAX_INT else None)
+
+
+def short_repr(value, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for messages about hostile input."""
+    text = repr(value) if not isinstance(value, list) or len(value) <= 16 else \
+        "[" + ", ".join(repr(v) for v in value[:8]) + f", ... ({len(value)} items)]"
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def _slow_table(tensors: list, fail) -> TensorTable:
     """Checks every tensor object one by one (the exact path, with precise messages)."""
     from_code = _dtypes.from_code
@@ -538,7 +577,9 @@ def _slow_table(tensors: list, fail) -> TensorTable:
         if name is _MISSING:
             name = None
         elif type(name) is not str:  # null included: the key is optional, not nullable
-            fail(f"must be a string, got {name!r}", "name", i)
+            fail(f"must be a string, got {short_repr(name)}", "name", i)
+        elif not _utf8(name):
+            fail(f"{short_repr(name)} is not valid Unicode (a lone surrogate): names must be UTF-8 text", "name", i)
         if named is None:
             named = name is not None
         elif named != (name is not None):
@@ -569,13 +610,16 @@ def _slow_table(tensors: list, fail) -> TensorTable:
             fail(f"must be an integer in [0, 2**63), got {ln!r}", "byteLength", i, name)
         dims = t.get("dims", [])
         if type(dims) is not list:
-            fail(f"must be an array of non-negative integers, got {dims!r}", "dims", i, name)
+            fail(f"must be an array of non-negative integers, got {short_repr(dims)}", "dims", i, name)
+        if len(dims) > MAX_DIMS:
+            fail(f"{len(dims)} dims, more than the {MAX_DIMS} a tensor may have", "dims", i, name)
         for d in dims:
             if not _is_int(d) or d < 0 or d > MAX_INT:
-                fail(f"must be an array of non-negative integers, got {dims!r}", "dims", i, name)
-        if math.prod(dims) * dt.itemsize != ln:
-            fail(f"dims {list(dims)} x {dt.itemsize} bytes ({dt.name}) = {math.prod(dims) * dt.itemsize}, "
-                 f"but byteLength is {ln}", "byteLength", i, name)
+                fail(f"must be an array of non-negative integers, got {short_repr(dims)}", "dims", i, name)
+        size = _nbytes(dims, dt.itemsize)
+        if size != ln:
+            fail(f"dims {short_repr(dims)} x {dt.itemsize} bytes ({dt.name}) = "
+                 f"{size if size is not None else 'more than 2**63'}, but byteLength is {ln}", "byteLength", i, name)
         crc = t.get("crc32c", _MISSING)
         if crc is _MISSING:
             crc = None
@@ -630,6 +674,8 @@ def _fast_table(span: TensorSpan, limits: Limits) -> Optional[TensorTable]:
         if (flags & 2).any():
             for i in np.flatnonzero(flags & 2).tolist():
                 names[i] = json.loads('"' + names[i] + '"')
+                if not _utf8(names[i]):
+                    return None  # a lone surrogate escaped as \ud800: the exact reader refuses it
         if len(set(names)) != n:
             return None  # duplicate names
     by_code = _DTYPE_BY_CODE
@@ -638,8 +684,10 @@ def _fast_table(span: TensorSpan, limits: Limits) -> Optional[TensorTable]:
         dtypes = [by_code[int(codes[0])]] * n
     else:
         dtypes = list(map(by_code.__getitem__, codes.tolist()))
-    dims = cols["dims"].tolist()
     ndims = cols["ndims"]
+    if n and int(ndims.max()) > MAX_DIMS:
+        return None  # the exact reader names the tensor
+    dims = cols["dims"].tolist()
     if n and (ndims == ndims[0]).all():  # every tensor of the same rank: group the dims in C
         k = int(ndims[0])
         shapes: List[Tuple[int, ...]] = list(zip(*[iter(dims)] * k)) if k else [()] * n

@@ -15,7 +15,7 @@ from . import _backends
 from ._datafile import open_consistently
 from ._jsonio import loads_strict, resolve_pointer
 from .errors import FormatError
-from .format import Limits, ListDescriptor, find_tensor_lists, looks_like_list, parse_list, read_json_file
+from .format import Limits, ListDescriptor, find_tensor_lists, looks_like_list, parse_list, read_json_file, short_repr
 
 __all__ = ["load_schema", "schema_validator", "validate"]
 
@@ -61,7 +61,9 @@ def _schema_check(obj: Any, file: Optional[str], pointer: str) -> None:
         field = "/".join(str(p) for p in path) or None
     if field is not None and pointer:
         field = f"{pointer}/{field}"
-    msg = e.message if len(e.message) <= 200 else e.message[:200] + "..."
+    # jsonschema's messages start with the whole instance: hostile input makes them huge
+    msg = e.message if len(e.message) <= 200 else \
+        f"{short_repr(e.instance)} fails {e.validator} {short_repr(e.validator_value, 40)}"
     raise FormatError(f"schema: {msg}", file=file, tensor_index=index, tensor_name=name, field=field)
 
 
