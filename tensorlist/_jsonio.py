@@ -43,8 +43,31 @@ def _finite_float(text):
     return value
 
 
-def loads_strict(text, *, file=None) -> Any:
-    """Parses JSON, rejecting duplicate keys, NaN/Infinity and out-of-range numbers.
+#: Deepest nesting of arrays and objects any JSON document may have: the C
+#: scanner's MAX_DEPTH (csrc/descriptor.c), enforced here for every parse, so
+#: that every walk over a parsed document (the package's and its users') stays
+#: far inside Python's recursion limit.
+MAX_DEPTH = 256
+
+
+def _too_deep(doc: Any) -> bool:
+    """Whether ``doc`` nests deeper than MAX_DEPTH (iterative, stops early)."""
+    stack = [(doc, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return True
+        if isinstance(node, dict):
+            stack.extend((v, depth + 1) for v in node.values() if isinstance(v, (dict, list)))
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node if isinstance(v, (dict, list)))
+    return False
+
+
+def loads_strict(text, *, file=None, depth_checked: bool = False) -> Any:
+    """Parses JSON, rejecting duplicate keys, NaN/Infinity, out-of-range numbers and nesting past MAX_DEPTH.
+
+    ``depth_checked``: the caller's C scan already bounded the nesting.
 
     Raises:
         FormatError: naming ``file`` and where the text breaks the rules.
@@ -55,7 +78,7 @@ def loads_strict(text, *, file=None) -> Any:
         except UnicodeDecodeError as e:
             raise FormatError(f"descriptor is not UTF-8 ({e.reason} at byte {e.start})", file=file) from e
     try:
-        return json.loads(
+        doc = json.loads(
             text,
             object_pairs_hook=_pairs_no_duplicates,
             parse_constant=_reject_constant,
@@ -66,9 +89,13 @@ def loads_strict(text, *, file=None) -> Any:
     except json.JSONDecodeError as e:
         raise FormatError(f"invalid JSON: {e.msg} at line {e.lineno} column {e.colno}", file=file) from e
     except RecursionError as e:
-        raise FormatError("invalid JSON: nesting too deep", file=file) from e
+        raise FormatError(f"invalid JSON: nesting deeper than {MAX_DEPTH} levels", file=file) from e
     except ValueError as e:  # e.g. an integer literal above Python's int-conversion digit limit
         raise FormatError(f"invalid JSON: {e}", file=file) from e
+    # a document with fewer brackets than the limit cannot nest deeper: skip the walk
+    if not depth_checked and text.count("[") + text.count("{") > MAX_DEPTH and _too_deep(doc):
+        raise FormatError(f"invalid JSON: nesting deeper than {MAX_DEPTH} levels", file=file)
+    return doc
 
 
 def dumps(obj: Any) -> str:
@@ -82,17 +109,21 @@ def check_json(value: Any, where: str = "", *, file=None, skip: tuple = ()) -> N
     Non-str keys (``json.dumps`` would write ``1`` and ``"1"`` both as ``"1"``,
     a duplicate key no strict reader accepts), NaN/Infinity, strings with lone
     surrogates (not encodable as UTF-8) and any type other than None, bool,
-    int, float, str, list, tuple and dict. Iterative: any depth. Values of a
+    int, float, str, list, tuple and dict, and nesting past MAX_DEPTH (it could
+    not be read back). Iterative. Values of a
     type in ``skip`` are not looked into (placeholders the caller replaces).
 
     Raises:
         FormatError: naming the field (a JSON pointer below ``where``).
     """
-    stack: List[Tuple[str, Any]] = [(where, value)]
+    stack: List[Tuple[str, Any, int]] = [(where, value, 1)]
     while stack:
-        at, v = stack.pop()
+        at, v, depth = stack.pop()
         if v is None or isinstance(v, (bool, int)) or (skip and isinstance(v, skip)):
             continue
+        if depth > MAX_DEPTH and isinstance(v, (dict, list, tuple)):
+            raise FormatError(f"nests deeper than {MAX_DEPTH} levels, which no strict reader accepts",
+                              file=file, field=at or "/")
         if isinstance(v, str):
             _check_utf8(v, at, file)
         elif isinstance(v, float):
@@ -105,9 +136,9 @@ def check_json(value: Any, where: str = "", *, file=None, skip: tuple = ()) -> N
                     raise FormatError(f"key {k!r} is not a string (JSON keys are strings)", file=file,
                                       field=at or "/")
                 _check_utf8(k, at, file)
-                stack.append((f"{at}/{escape_pointer(k)}", x))
+                stack.append((f"{at}/{escape_pointer(k)}", x, depth + 1))
         elif isinstance(v, (list, tuple)):
-            stack.extend((f"{at}/{i}", x) for i, x in enumerate(v))
+            stack.extend((f"{at}/{i}", x, depth + 1) for i, x in enumerate(v))
         else:
             raise FormatError(f"a {type(v).__module__}.{type(v).__qualname__} is not a JSON value",
                               file=file, field=at or "/")

@@ -384,7 +384,7 @@ def _fast_document(buf: bytes, file) -> Any:
         markers[f"\x00tl{k}"] = TensorSpan(buf, s_, e_)
         last = e_
     parts.append(buf[last:])
-    skeleton = loads_strict(b"".join(parts), file=file)
+    skeleton = loads_strict(b"".join(parts), file=file, depth_checked=True)  # the C scan bounds depth
     used = 0
     for _, node in walk(skeleton):
         if isinstance(node, dict):

@@ -312,3 +312,35 @@ def test_two_processes_saving_one_path_end_with_one_complete_file(tmp_path):
     tl.save(path, {"who": np.array([0, 0])})
     left = sorted(os.listdir(tmp_path))
     assert len(left) == 2 and "m.tl" in left, left
+
+
+# --- one nesting limit, in the parser, for every reader and writer -----------------------------
+
+def test_the_depth_limit_is_the_c_scanners():
+    from tensorlist._jsonio import MAX_DEPTH
+
+    src = open(os.path.join(os.path.dirname(__file__), "..", "csrc", "descriptor.c")).read()
+    assert f"#define MAX_DEPTH {MAX_DEPTH}\n" in src
+
+
+@pytest.mark.parametrize("depth", [257, 600, 5000])
+def test_deep_documents_are_one_format_error_everywhere(tmp_path, depth):
+    from tensorlist._jsonio import MAX_DEPTH
+
+    meta = json.dumps({"formatVersion": 1, "tensors": [], "location": "d.data", "byteOffset": 0, "byteLength": 0})
+    deep = "[" * (depth - 1) + "]" * (depth - 1)
+    (tmp_path / "m.tl").write_text(meta[:-1] + ',"metadata":' + deep + "}")
+    for fn in (tl.load, tl.validate, tl.load_document, tl.open):
+        with pytest.raises(tl.FormatError, match=f"deeper than {MAX_DEPTH}"):
+            fn(tmp_path / "m.tl")
+
+
+def test_what_is_too_deep_to_read_back_is_not_written(tmp_path):
+    deep = []
+    for _ in range(300):
+        deep = [deep]
+    with pytest.raises(ValueError, match="deeper than"):
+        tl.save(tmp_path / "m.tl", [np.ones(1)], metadata={"x": deep})
+    with pytest.raises(ValueError, match="deeper than"):
+        tl.save_document(tmp_path / "d.json", {"x": deep, "t": tl.Tensors([np.ones(1)])})
+    assert os.listdir(tmp_path) == []
