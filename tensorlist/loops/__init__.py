@@ -13,7 +13,8 @@
 See ``docs/LOOPS.md``.
 """
 from .schedules import ConstantSWA, CyclicSWA, Decrement, Noop, ReduceLROnPlateau
-from .state import LOOP_STATE_FORMAT, Events, State, read_checkpoint
+from .checkpoint import LOOP_STATE_FORMAT, read_checkpoint
+from .state import Events, State
 from .train import LoopResult, Minibatches, TrainingLoopContext, epochs, supervised_step, swa_epochs, with_swa
 
 __all__ = [

@@ -22,8 +22,8 @@ import torch
 
 from ..record import TrainingRecorder, weights_sha256, save_model_file, validate_dataset_params
 from ..torch import check_optimizer_state, optimizer_state_from_parts, optimizer_state_parts, to_numpy
-from ..writer import save_document
-from . import state as _st
+from . import checkpoint as _ck
+from .state import set_rng_state
 from .schedules import CyclicSWA, Noop
 from .state import Events, State
 
@@ -364,7 +364,7 @@ class _Run:
         if self.cfg.checkpoint is None:
             return
         if self.rank == 0:
-            save_document(self.cfg.checkpoint, document)
+            _ck.write_checkpoint(self.cfg.checkpoint, document)
             self.files["checkpoint"] = os.fspath(self.cfg.checkpoint)
             log.debug("checkpoint written: %s", self.cfg.checkpoint)
         if self.distributed:
@@ -449,15 +449,15 @@ def _run_simple(run: _Run, state: State, min_model: Optional[Dict[str, torch.Ten
 def _simple_doc(run: _Run, state: State, min_model) -> dict:
     weights = _np(_module_state(run.module))
     opt_t, opt_meta = run.optimizer_parts()
-    doc = _st.phase_document("simple", model=weights, model_meta=run.record_meta("checkpoint", weights),
-                             optimizer=opt_t, optimizer_meta=opt_meta, epoch=state.epoch, state=state,
+    doc = _ck.phase_document("simple", model=weights, model_meta=run.record_meta("checkpoint", weights),
+                             optimizer=opt_t, optimizer_meta=opt_meta, state=state,
                              min_model=None if min_model is None else _np(min_model))
     return doc
 
 
 def _extras(run: _Run, state: State, phase: str, simple_sched=None, swa_sched=None) -> dict:
     sch = run.cfg.lr_scheduler
-    return _st.extras(phase=phase, state=state, base_lrs=run.base_lrs,
+    return _ck.extension(phase=phase, state=state, base_lrs=run.base_lrs,
                       lr_scheduler_state=None if sch is None else sch.state_dict(),
                       simple_schedule_state=simple_sched, swa_schedule_state=swa_sched)
 
@@ -472,8 +472,8 @@ def _finish_doc(run: _Run, typ: str, body: dict, ext: dict, meta: dict) -> dict:
 
 
 def _restore_common(run: _Run, ext: Mapping, doc: Mapping, where: str) -> None:
-    if not isinstance(ext, Mapping) or ext.get("format") != _st.LOOP_STATE_FORMAT:
-        raise ValueError(f"{where}: no {_st.LOOP_STATE_FORMAT!r} extension: a lamp checkpoint or one of "
+    if not isinstance(ext, Mapping) or ext.get("format") != _ck.LOOP_STATE_FORMAT:
+        raise ValueError(f"{where}: no {_ck.LOOP_STATE_FORMAT!r} extension: a lamp checkpoint or one of "
                          "another program cannot be resumed exactly")
     if len(ext["baseLearningRates"]) != len(run.cfg.optimizer.param_groups):
         raise ValueError(f"{where}: {len(ext['baseLearningRates'])} parameter groups saved, the optimizer has "
@@ -490,7 +490,7 @@ def _restore_common(run: _Run, ext: Mapping, doc: Mapping, where: str) -> None:
 def _restore_phase(run: _Run, phase: Mapping, kind: str, where: str) -> Tuple[State, Optional[dict]]:
     _load_model(run.module, phase["model"], where)
     sd = _optimizer_sd(phase["optimizer"], phase.get("optimizerMetadata"), run.cfg.optimizer, where)
-    state = _st.state_from_phase(phase, kind)
+    state = _ck.state_from_phase(phase, kind)
     min_model = None
     if kind == "simple" and phase.get("minValidationLossModel") is not None:
         from ..torch import from_numpy
@@ -635,7 +635,7 @@ def epochs(model: torch.nn.Module, optimizer: torch.optim.Optimizer, train, *, m
     min_model = None
     path = _resume_path(resume, cfg.checkpoint)
     if path is not None:
-        doc = _st.read_checkpoint(path)
+        doc = _ck.read_checkpoint(path)
         if doc["type"] != "SimpleLoopState":
             raise ValueError(f"{path}: a {doc['type']} checkpoint cannot resume epochs() (it needs a "
                              f"SimpleLoopState; use with_swa() or swa_epochs())")
@@ -645,7 +645,7 @@ def epochs(model: torch.nn.Module, optimizer: torch.optim.Optimizer, train, *, m
         state.max_epochs = cfg.max_epochs
         state.iteration = int(ext.get("iteration", 0))
         state.schedule_state = ext.get("scheduleState")
-        _st.set_rng_state(ext["rngTensors"], ext["rng"])
+        set_rng_state(ext["rngTensors"], ext["rng"])
         log.info("resumed from %s after %d epochs", path, state.epoch)
     else:
         _seed(seed)
@@ -738,8 +738,8 @@ def _swa_doc(run: _Run, state: State, averaged) -> dict:
     weights = _np(_module_state(run.module))
     opt_t, opt_meta = run.optimizer_parts()
     avg = _np(_averaged_state(averaged)) if state.number_of_averaged_models > 0 else None
-    return _st.phase_document("swa", model=weights, model_meta=run.record_meta("checkpoint", weights),
-                              optimizer=opt_t, optimizer_meta=opt_meta, epoch=state.epoch, state=state,
+    return _ck.phase_document("swa", model=weights, model_meta=run.record_meta("checkpoint", weights),
+                              optimizer=opt_t, optimizer_meta=opt_meta, state=state,
                               averaged=avg)
 
 
@@ -792,7 +792,7 @@ def swa_epochs(model, optimizer, train, *, max_epochs: int, swa_schedule=None, s
     state = State(phase="swa", max_epochs=cfg.max_epochs, schedule_state=swa_schedule.init())
     path = _resume_path(resume, cfg.checkpoint)
     if path is not None:
-        doc = _st.read_checkpoint(path)
+        doc = _ck.read_checkpoint(path)
         if doc["type"] != "SWALoopState":
             raise ValueError(f"{path}: a {doc['type']} checkpoint cannot resume swa_epochs() (it needs a "
                              "SWALoopState)")
@@ -803,7 +803,7 @@ def swa_epochs(model, optimizer, train, *, max_epochs: int, swa_schedule=None, s
         state.iteration = int(ext.get("iteration", 0))
         state.schedule_state = ext.get("swaScheduleState")
         _restore_averaged(averaged, doc, state, path)
-        _st.set_rng_state(ext["rngTensors"], ext["rng"])
+        set_rng_state(ext["rngTensors"], ext["rng"])
     else:
         _seed(seed)
     run.fire(Events.STARTED, state)
@@ -861,7 +861,7 @@ def with_swa(model, optimizer, train, *, warmup_epochs: int, swa_epochs: int, st
     min_model = None
     path = _resume_path(resume, cfg.checkpoint)
     if path is not None:
-        doc = _st.read_checkpoint(path)
+        doc = _ck.read_checkpoint(path)
         if doc["type"] != "SimpleThenSWALoopState":
             raise ValueError(f"{path}: a {doc['type']} checkpoint cannot resume with_swa() (it needs a "
                              "SimpleThenSWALoopState)")
@@ -871,7 +871,7 @@ def with_swa(model, optimizer, train, *, warmup_epochs: int, swa_epochs: int, st
             simple, min_model = _restore_phase(run, doc["simple"], "simple", path)
             simple.max_epochs = int(warmup_epochs)
         else:
-            simple = _st.state_from_phase(doc["simple"], "simple")
+            simple = _ck.state_from_phase(doc["simple"], "simple")
             swa, _ = _restore_phase(run, doc["swa"], "swa", path)
             swa.max_epochs = int(swa_epochs)
             swa.schedule_state = ext.get("swaScheduleState")
@@ -881,7 +881,7 @@ def with_swa(model, optimizer, train, *, warmup_epochs: int, swa_epochs: int, st
         simple.schedule_state = ext.get("scheduleState")
         if swa is None:
             simple.iteration = int(ext.get("iteration", 0))
-        _st.set_rng_state(ext["rngTensors"], ext["rng"])
+        set_rng_state(ext["rngTensors"], ext["rng"])
     else:
         _seed(seed)
     run.fire(Events.STARTED, simple if swa is None else swa)
@@ -902,7 +902,7 @@ def with_swa(model, optimizer, train, *, warmup_epochs: int, swa_epochs: int, st
 
     def wrap_swa(body):
         ext = _extras(run, swa, "swa", simple_sched=simple.schedule_state, swa_sched=swa.schedule_state)
-        return _finish_doc(run, "SimpleThenSWALoopState", {"simple": _st.empty_simple(simple), "swa": body}, ext,
+        return _finish_doc(run, "SimpleThenSWALoopState", {"simple": _ck.empty_simple(simple), "swa": body}, ext,
                            body["model"].metadata)
 
     run.cfg.max_epochs = int(swa_epochs)

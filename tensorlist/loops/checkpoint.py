@@ -1,0 +1,252 @@
+"""Checkpoint I/O: the loops' checkpoint document (lamp's StateIO shape), written atomically, read once.
+
+A checkpoint is one JSON document written atomically with
+``tensorlist.writer.save_document`` (all its TensorLists share one data file;
+a kill at any moment leaves the previous or the new checkpoint):
+
+- ``{"type": "SimpleLoopState", "model", "optimizer", "epoch",
+  "lastValidationLoss"?, "minValidationLoss"?, "minValidationLossModel"?:
+  [epoch, TensorList], "learningCurve"?: [[epoch, train, smoothed|null,
+  raw|null], ...] newest first, ...}``
+- ``{"type": "SWALoopState", "model", "optimizer", "epoch", ...,
+  "numberOfAveragedModels", "averagedModels"?, "learningCurve"?: [[epoch,
+  train, valid|null], ...]}``
+- ``{"type": "SimpleThenSWALoopState", "simple": {...}, "swa": {...}?}``
+
+with lamp's keys in lamp's order (``type`` first, absent options and empty
+curves left out) and these extensions, which lamp skips when reading:
+tensor names in every TensorList; the optimizer's non-tensor state in the
+optimizer list's ``metadata``; ``"tensorlist"`` (loop extras: schedule
+states, the torch LR scheduler's state, base learning rates, RNG states of
+torch, numpy and ``random``); and ``"training"``/``"dataset_params"`` (the
+training record and data record; the model list's metadata holds them too,
+so ``load(path, pointer="/model")`` is a model file). Epochs are counted as
+``loops.state`` says.
+
+Building: :func:`phase_document` (one phase from a :class:`State`),
+:func:`extension` (the ``"tensorlist"`` object), :func:`loop_document` (the
+whole document). Reading: :func:`read_checkpoint` reads the file once,
+through the capped, strict, regular-file-checked ``format.read_json_file``,
+and each data file once into private memory; :func:`phase_parts` and
+:func:`state_from_phase` take the result apart again.
+
+Imports ``format``, ``_datafile``, ``_jsonio``, ``writer`` and ``loops.state``.
+"""
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from .._datafile import open_consistently
+from .._jsonio import from_tagged, resolve_pointer, set_at_pointer, to_tagged
+from ..format import Limits, find_tensor_lists, parse_list, read_json_file
+from ..writer import Tensors, save_document
+from .state import State, rng_state
+
+__all__ = [
+    "LOOP_STATE_FORMAT", "CHECKPOINT_TYPES", "phase_document", "empty_simple", "extension", "loop_document",
+    "write_checkpoint", "read_checkpoint", "phase_parts", "state_from_phase",
+]
+
+#: Version marker of the loops' extension object (``"tensorlist"`` key of a checkpoint).
+LOOP_STATE_FORMAT = "tensorlist.loop-state/1"
+
+#: The checkpoint ``type`` each loop writes and resumes from (lamp's StateIO names).
+CHECKPOINT_TYPES = {"epochs": "SimpleLoopState", "swa_epochs": "SWALoopState",
+                    "with_swa": "SimpleThenSWALoopState"}
+
+
+# --------------------------------------------------------------------------
+# writing
+
+
+def _num(value):
+    """A loss as JSON: NaN and infinities (not JSON) become null, as in the training record."""
+    if value is None:
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def _opt(doc: dict, key: str, value) -> None:
+    value = _num(value)
+    if value is not None:
+        doc[key] = value
+
+
+def phase_document(kind: str, *, model: Mapping, model_meta: Optional[dict], optimizer: Mapping,
+                   optimizer_meta: Optional[dict], state: State, min_model: Optional[Mapping] = None,
+                   averaged: Optional[Mapping] = None) -> dict:
+    """One SimpleLoopState (``kind="simple"``) / SWALoopState (``"swa"``) object without ``type``.
+
+    lamp's keys in lamp's order; ``epoch`` is ``state.epoch`` (the number of
+    epochs completed), the learning curve is written newest first.
+    """
+    doc: Dict[str, Any] = {
+        "model": Tensors(dict(model), metadata=model_meta),
+        "optimizer": Tensors(dict(optimizer), metadata=optimizer_meta),
+        "epoch": int(state.epoch),
+    }
+    _opt(doc, "lastValidationLoss", state.last_validation_loss)
+    _opt(doc, "minValidationLoss", state.min_validation_loss)
+    if kind == "simple":
+        if min_model is not None:
+            doc["minValidationLossModel"] = [int(state.min_validation_epoch), Tensors(dict(min_model))]
+        curve = [[e, _num(t), _num(s), _num(r)] for e, t, s, r in reversed(state.learning_curve)]
+    else:
+        doc["numberOfAveragedModels"] = int(state.number_of_averaged_models)
+        if averaged is not None:
+            doc["averagedModels"] = Tensors(dict(averaged))
+        curve = [[e, _num(t), _num(v)] for e, t, v in reversed(state.learning_curve)]
+    if curve:
+        doc["learningCurve"] = curve
+    return doc
+
+
+def empty_simple(state: State) -> dict:
+    """The ``simple`` part of a SimpleThenSWALoopState during the SWA phase (lamp: empty lists)."""
+    return phase_document("simple", model={}, model_meta=None, optimizer={}, optimizer_meta=None, state=state)
+
+
+def extension(*, phase: str, state: State, base_lrs: List[float], lr_scheduler_state,
+              simple_schedule_state=None, swa_schedule_state=None) -> dict:
+    """The ``"tensorlist"`` object: what an exact resume needs beyond lamp's keys (RNG states taken now)."""
+    tensors, meta = rng_state()
+    return {
+        "format": LOOP_STATE_FORMAT,
+        "phase": phase,
+        "iteration": state.iteration,
+        "baseLearningRates": list(base_lrs),
+        "scheduleState": to_tagged(simple_schedule_state, "schedule state"),
+        "swaScheduleState": to_tagged(swa_schedule_state, "swa schedule state"),
+        "lrScheduler": None if lr_scheduler_state is None else to_tagged(lr_scheduler_state, "lr scheduler"),
+        "rng": meta,
+        "rngTensors": Tensors(tensors),
+    }
+
+
+def loop_document(loop_type: str, *, simple: Optional[dict], swa: Optional[dict], ext: dict,
+                  record: Mapping) -> dict:
+    """The whole checkpoint of type ``loop_type`` from its phase objects (the inverse of :func:`phase_parts`).
+
+    Args:
+        loop_type: a value of :data:`CHECKPOINT_TYPES`.
+        simple, swa: the phase objects (:func:`phase_document`); the one a
+            type does not hold is ignored, and a SimpleThenSWALoopState
+            leaves ``swa`` out while it is None (the warm-up).
+        ext: the :func:`extension` object.
+        record: ``{"training", "dataset_params"}``, the records also held by
+            the model list's metadata.
+    """
+    doc: Dict[str, Any] = {"type": loop_type}
+    if loop_type == "SimpleLoopState":
+        doc.update(simple)
+    elif loop_type == "SWALoopState":
+        doc.update(swa)
+    else:
+        doc["simple"] = simple
+        if swa is not None:
+            doc["swa"] = swa
+    doc["tensorlist"] = ext
+    doc["training"] = record["training"]
+    doc["dataset_params"] = record["dataset_params"]
+    return doc
+
+
+def write_checkpoint(path, document: Mapping) -> None:
+    """Writes ``document`` to ``path`` atomically (``save_document``: one data file for all its lists)."""
+    save_document(path, document)
+
+
+# --------------------------------------------------------------------------
+# reading
+
+
+def _check_type(doc: Any, path: str) -> None:
+    if not isinstance(doc, dict) or doc.get("type") not in CHECKPOINT_TYPES.values():
+        raise ValueError(f"{path}: not a loop checkpoint (no SimpleLoopState/SWALoopState/"
+                         f"SimpleThenSWALoopState 'type')")
+
+
+def phase_parts(doc: Mapping) -> Tuple[Optional[Mapping], Optional[Mapping]]:
+    """The (simple, swa) phase objects of a checkpoint; None for a phase it does not hold (yet)."""
+    if doc["type"] == "SimpleLoopState":
+        return doc, None
+    if doc["type"] == "SWALoopState":
+        return None, doc
+    return doc["simple"], doc.get("swa")
+
+
+def _keep_list_metadata(doc: Mapping) -> None:
+    """Copies each phase's model and optimizer list metadata next to the lists, before they become arrays."""
+    for phase in phase_parts(doc):
+        if isinstance(phase, dict) and isinstance(phase.get("optimizer"), dict):
+            phase["optimizerMetadata"] = phase["optimizer"].get("metadata")
+            phase["modelMetadata"] = phase["model"].get("metadata")
+
+
+def read_checkpoint(path) -> dict:
+    """Reads a loop checkpoint: the document with every TensorList replaced by its arrays.
+
+    The file is read once (strictly, under the descriptor size cap, refusing
+    anything but a regular file) and each data file once; a checkpoint that is
+    being replaced meanwhile is read again, as ``load_document`` does. The
+    arrays are in private, writable memory (the optimizer updates its state in
+    place). Each phase's optimizer and model list metadata are kept under
+    ``"optimizerMetadata"`` and ``"modelMetadata"`` next to its lists.
+
+    Raises:
+        FileNotFoundError: no such checkpoint.
+        FormatError: the file is not a valid tensorlist document.
+        ValueError: the document is not a loop checkpoint.
+    """
+    path = os.fspath(path)
+    base = os.path.dirname(os.path.abspath(path))
+    limits = Limits()
+    read: Dict[str, Any] = {}
+
+    def descriptors():
+        doc = read["doc"] = read_json_file(path, limits)
+        _check_type(doc, path)  # before any data file is opened
+        return [parse_list(resolve_pointer(doc, ptr), file=path, pointer=ptr, base_dir=base, limits=limits)
+                for ptr in find_tensor_lists(doc)]
+
+    try:
+        descs, datas, shared = open_consistently(descriptors, False, file=path)
+    except FileNotFoundError as e:  # only the document itself: open_consistently handles its data files
+        raise FileNotFoundError(f"checkpoint {path!r} does not exist") from e
+    doc = read["doc"]
+    try:
+        _keep_list_metadata(doc)
+        for desc, data in zip(descs, datas):
+            doc = set_at_pointer(doc, desc.pointer, data.read_all())
+    finally:
+        for f in shared.values():
+            f.close()
+    ext = doc.get("tensorlist")
+    if isinstance(ext, dict):
+        for key in ("lrScheduler", "scheduleState", "swaScheduleState"):
+            if ext.get(key) is not None:
+                ext[key] = from_tagged(ext[key])
+    return doc
+
+
+def state_from_phase(doc: Mapping, kind: str) -> State:
+    """A :class:`State` from a loaded phase object (its tensors are not touched)."""
+    s = State(phase=kind, epoch=int(doc["epoch"]))
+    s.last_validation_loss = doc.get("lastValidationLoss")
+    s.min_validation_loss = doc.get("minValidationLoss")
+    curve = [tuple(e) for e in reversed(doc.get("learningCurve", []))]
+    s.learning_curve = curve
+    if kind == "simple":
+        mvm = doc.get("minValidationLossModel")
+        s.min_validation_epoch = int(mvm[0]) if mvm is not None else None
+        if curve:
+            s.training_loss, s.validation_loss, s.raw_validation_loss = curve[-1][1], curve[-1][2], curve[-1][3]
+    else:
+        s.number_of_averaged_models = int(doc.get("numberOfAveragedModels", 0))
+        if curve:
+            s.training_loss, s.validation_loss = curve[-1][1], curve[-1][2]
+            s.raw_validation_loss = s.validation_loss
+    return s
