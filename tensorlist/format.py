@@ -33,6 +33,7 @@ __all__ = [
     "MAX_INT",
     "MAX_DIMS",
     "short_repr",
+    "TensorSpan",
     "Limits",
     "TensorInfo",
     "ListDescriptor",
@@ -649,6 +650,10 @@ class TensorSpan:
 
     def __init__(self, buf: bytes, start: int, end: int):
         self.buf, self.start, self.end = buf, start, end
+
+    def table(self, limits: "Limits" = None) -> Optional["TensorTable"]:
+        """The tensors as columns read in C, or None when the exact reader must explain something."""
+        return _fast_table(self, limits if limits is not None else Limits())
 
     def materialize(self, file=None) -> Any:
         """The array as Python objects (the exact, slow path)."""

@@ -344,3 +344,25 @@ def test_what_is_too_deep_to_read_back_is_not_written(tmp_path):
     with pytest.raises(ValueError, match="deeper than"):
         tl.save_document(tmp_path / "d.json", {"x": deep, "t": tl.Tensors([np.ones(1)])})
     assert os.listdir(tmp_path) == []
+
+
+# --- validate costs about what load costs ------------------------------------------------------
+
+def test_validate_reads_tensors_through_the_c_columns_not_jsonschema(tmp_path, monkeypatch):
+    """Counting, not timing: jsonschema sees no tensor object of a list the C reader accepted."""
+    import tensorlist.schema as schema
+
+    tl.save(tmp_path / "m.tl", {f"t{i}": np.zeros(2, np.float32) for i in range(5000)})
+    seen = []
+    check = schema._schema_check
+    monkeypatch.setattr(schema, "_schema_check", lambda obj, *a: (seen.append(len(obj.get("tensors", []))),
+                                                                  check(obj, *a)))
+    [desc] = tl.validate(tmp_path / "m.tl")
+    assert len(desc.tensors) == 5000 and seen == [0]
+    # a list the C reader declines (here: a tensor with an unknown dtype code) gets the whole schema
+    text = (tmp_path / "m.tl").read_text().replace('"dataType":6', '"dataType":99', 1)
+    (tmp_path / "m.tl").write_text(text)
+    seen.clear()
+    with pytest.raises(tl.FormatError, match="schema") as info:
+        tl.validate(tmp_path / "m.tl")
+    assert seen == [5000] and info.value.tensor_index == 0 and info.value.field == "dataType"
