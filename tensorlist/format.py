@@ -386,14 +386,22 @@ def _fast_document(buf: bytes, file) -> Any:
         last = e_
     parts.append(buf[last:])
     skeleton = loads_strict(b"".join(parts), file=file, depth_checked=True)  # the C scan bounds depth
-    used = 0
+    # Each placeholder must come back exactly where it was put: as the "tensors" value of an
+    # object. A string of the same shape anywhere else was in the document itself (JSON escapes
+    # can spell "\u0000tl0"): the placeholders are then ambiguous and the exact path decides.
+    # Parents are visited before children, so a replaced placeholder is never seen as a string.
     for _, node in walk(skeleton):
-        if isinstance(node, dict):
+        if type(node) is str:
+            if node.startswith("\x00tl"):
+                return None
+        elif type(node) is dict:
             t = node.get("tensors")
-            if isinstance(t, str) and t in markers:
-                node["tensors"] = markers.pop(t)
-                used += 1
-    if markers:  # a marker string also occurred in the document itself
+            if type(t) is str and t.startswith("\x00tl"):
+                span = markers.pop(t, None)
+                if span is None:
+                    return None
+                node["tensors"] = span
+    if markers:
         return None
     return skeleton
 

@@ -366,3 +366,46 @@ def test_validate_reads_tensors_through_the_c_columns_not_jsonschema(tmp_path, m
     with pytest.raises(tl.FormatError, match="schema") as info:
         tl.validate(tmp_path / "m.tl")
     assert seen == [5000] and info.value.tensor_index == 0 and info.value.field == "dataType"
+
+
+# --- the C fast path never accepts what the exact path refuses -------------------------------
+
+from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+
+_MARKERISH = st.sampled_from(["\x00tl0", "\x00tl1", "\x00tl", "\x00tl00", "tl0", "\x00TL0"])
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(where=st.lists(st.tuples(st.sampled_from(["tensors", "value", "key", "metadata"]), st.integers(0, 2),
+                                _MARKERISH), max_size=3),
+       escape=st.booleans())
+def test_placeholder_lookalikes_get_the_same_verdict_from_load_and_validate(tmp_path, where, escape):
+    tl.save(tmp_path / "a.tl", {"w": np.ones(2, np.float32)})
+    desc = json.loads((tmp_path / "a.tl").read_text())
+    lists = [dict(desc), dict(desc), dict(desc)]
+    doc = {"lists": lists}
+    for kind, i, text in where:
+        if kind == "tensors":
+            lists[i]["tensors"] = text
+        elif kind == "value":
+            doc[f"v{i}"] = text
+        elif kind == "key":
+            doc[text] = i
+        else:
+            lists[i]["metadata"] = {"note": text}
+    body = json.dumps(doc, ensure_ascii=escape)
+    (tmp_path / "doc.json").write_text(body)
+    for i in range(3):
+        ptr = f"/lists/{i}"
+        try:
+            loaded = tl.load(tmp_path / "doc.json", pointer=ptr)
+        except tl.FormatError:
+            loaded = None
+        try:
+            tl.validate(tmp_path / "doc.json", pointer=ptr)
+            valid = True
+        except tl.FormatError:
+            valid = False
+        assert (loaded is not None) == valid, (ptr, body)
+        if loaded is not None:
+            assert loaded["w"].tolist() == [1.0, 1.0]
