@@ -260,10 +260,10 @@ def test_corrupt_tensorlist_and_npz_sources(tmp_path):
     assert os.listdir(tmp_path / "out") == []
 
 
-def test_failure_while_writing_leaves_old_destination(tmp_path):
+def test_failure_while_writing_leaves_old_destination(tmp_path, monkeypatch):
     tl.save(tmp_path / "src.tl", {"a": np.ones(3, np.float32), "b": np.ones(3, np.float32)})
     (tmp_path / "dst.safetensors").write_bytes(b"old content")
-    import tensorlist.convert as conv
+    from tensorlist.convert import sinks
 
     calls = []
 
@@ -278,13 +278,9 @@ def test_failure_while_writing_leaves_old_destination(tmp_path):
         def close(self):
             pass
 
-    real = conv._Progress
-    conv._Progress = lambda *a, **k: Bar()
-    try:
-        with pytest.raises(OSError, match="disk full"):
-            convert(tmp_path / "src.tl", tmp_path / "dst.safetensors")
-    finally:
-        conv._Progress = real
+    monkeypatch.setattr(sinks, "Progress", lambda *a, **k: Bar())
+    with pytest.raises(OSError, match="disk full"):
+        convert(tmp_path / "src.tl", tmp_path / "dst.safetensors")
     assert (tmp_path / "dst.safetensors").read_bytes() == b"old content"
     assert sorted(os.listdir(tmp_path)) == sorted(["src.tl", "dst.safetensors",
                                                    tl.open(tmp_path / "src.tl").descriptor.location])

@@ -1,0 +1,51 @@
+"""Converting between tensorlist files and the formats checkpoints already come in.
+
+Formats (``FORMATS``), inferred from the file name or given explicitly:
+
+============  ===========================================  ============================
+name          files                                        notes
+============  ===========================================  ============================
+tensorlist    ``*.tl``, ``*.json``, anything else          metadata kept
+lamp          ``*.lamp``                                   positional, no metadata (lamp's own bytes)
+safetensors   ``*.safetensors``                            metadata kept (``__metadata__``)
+hf            ``*.safetensors.index.json``                 Hugging Face sharded checkpoint
+npz           ``*.npz``                                    bfloat16/float8 kept through a side entry
+npy           ``*.npy``                                    exactly one tensor; no bfloat16/float8
+pt            ``*.pt``, ``*.pth``, ``*.bin``, ``*.ckpt``   read with ``weights_only=True`` only
+============  ===========================================  ============================
+
+Every conversion streams tensor by tensor: sources are memory-mapped (or,
+for torch files, loaded with ``mmap=True``), so a checkpoint larger than RAM
+converts, and destinations are written to temporary files, fsynced and
+renamed into place when complete (``tensorlist._commit``), so a failure never
+leaves a half-written destination, whatever the format.
+Values are copied bit for bit (bfloat16, float16, float8 and NaN payloads
+included). Remote URLs (``s3://...``) work for tensorlist and lamp files,
+``file://`` URLs for every format.
+
+Example:
+    >>> import numpy as np, tensorlist, tempfile, os
+    >>> from tensorlist.convert import convert
+    >>> d = tempfile.mkdtemp()
+    >>> tensorlist.save(os.path.join(d, "m.tl"), {"w": np.arange(4, dtype=np.float16)})
+    >>> convert(os.path.join(d, "m.tl"), os.path.join(d, "m.safetensors"), progress=False)
+    >>> convert(os.path.join(d, "m.safetensors"), os.path.join(d, "back.tl"), progress=False)
+    >>> tensorlist.load(os.path.join(d, "back.tl"))["w"]
+    array([0., 1., 2., 3.], dtype=float16)
+
+The package, one concept a module:
+
+- ``formats``: format names and their inference, dtype tables, ``Entry`` and ``Source``;
+- ``sources``: the reader of each format (``open_source``);
+- ``sinks``: the writer of each format, and ``convert``;
+- ``compare``: ``diff``.
+"""
+from __future__ import annotations
+
+from .compare import DiffResult, diff
+from .formats import DEFAULT_SHARD_BYTES, FORMATS, MAX_SAFETENSORS_HEADER, NPZ_SIDECAR, Entry, Source, infer_format
+from .sinks import convert
+from .sources import open_source
+
+__all__ = ["FORMATS", "convert", "infer_format", "open_source", "diff", "DiffResult", "DEFAULT_SHARD_BYTES",
+           "MAX_SAFETENSORS_HEADER", "NPZ_SIDECAR", "Entry", "Source"]
