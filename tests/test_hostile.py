@@ -409,3 +409,14 @@ def test_placeholder_lookalikes_get_the_same_verdict_from_load_and_validate(tmp_
         assert (loaded is not None) == valid, (ptr, body)
         if loaded is not None:
             assert loaded["w"].tolist() == [1.0, 1.0]
+
+
+def test_the_sweep_does_not_block_on_a_fifo_named_like_a_leftover(tmp_path):
+    tl.save(tmp_path / "m.tl", {"w": np.ones(2)})
+    os.mkfifo(tmp_path / ".m.tl.0123abcd.tmp")
+    r = _child(f"""
+        import numpy as np, tensorlist as tl
+        tl.save({str(tmp_path / 'm.tl')!r}, {{"w": np.zeros(2)}})
+        print(tl.load({str(tmp_path / 'm.tl')!r})["w"].sum())
+        """, timeout=30)
+    assert r.returncode == 0 and r.stdout.strip() == "0.0", r.stderr
