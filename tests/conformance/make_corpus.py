@@ -325,6 +325,15 @@ def make(out):
     bad("r02_invalid_utf8", 2, dumps(base()).replace(b'"base.data"', b'"base\xff.data"'), "not UTF-8")
     bad("r02_trailing_comma", 2, dumps(base())[:-1] + b",}", "a trailing comma")
     bad("r02_single_quotes", 2, dumps(base()).replace(b'"location"', b"'location'"), "single-quoted key")
+    bad("r02_nesting_257", 2, dumps(base()).replace(b'"byteLength":32}', b'"byteLength":32,"metadata":'
+                                                    + b"[" * 256 + b"]" * 256 + b"}"),
+        "arrays nested 257 levels deep (the limit is 256)")
+    bad("r02_lone_surrogate_name", 2, dumps(base()).replace(b'"name":"w"', b'"name":"w\\ud800"'),
+        "a name that is not valid Unicode (an unpaired surrogate escape)")
+    bad("r02_lone_surrogate_location", 2, dumps(base()).replace(b'"location":"base.data"',
+                                                              b'"location":"base\\udc80.data"'),
+        "a location that is not valid Unicode (an unpaired surrogate escape)")
+    bad("r03_dims_65", 3, with_tensor(0, dims=[1] * 63 + [2, 2]), "65 dims, more than the 64 a tensor may have")
     bad("r02_raw_control_char", 2, dumps(base()).replace(b'"base.data"', b'"base\x01.data"'),
         "a raw control character in a string")
     bad("r03_missing_location", 3, {k: v for k, v in base().items() if k != "location"}, "location is required")
