@@ -1,19 +1,14 @@
 """BigDL-style utilities and ConvLSTMPeephole (shapes, gradients, a hand-computed step)."""
 import pytest
-import torch
-import torch.nn.functional as F
 
-import tensorlist as tl
-from tensorlist import nn as tnn
-from tensorlist.record import build_training_record, verify_model_file
+torch = pytest.importorskip("torch", reason="tensorlist.nn needs torch (pip install 'tensorlist[torch]')")
+import torch.nn.functional as F  # noqa: E402
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models run fastest on one thread (several spin against each other on a small machine)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+import tensorlist as tl  # noqa: E402
+from tensorlist import nn as tnn  # noqa: E402
+from tensorlist.record import build_training_record, verify_model_file  # noqa: E402
+
+# one torch thread: the _one_thread fixture of conftest.py
 
 
 def _net(seed=0, out=3):

@@ -1,7 +1,9 @@
-"""Remote storage against a real S3-compatible server (moto's, started here on loopback) and memory://."""
+"""Remote storage against a real S3-compatible server (moto's, on loopback: the ``s3`` fixture of conftest.py) and memory://.
+
+The mapping interface every reader shares is tested once for all of them in test_readers.py.
+"""
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -14,49 +16,7 @@ import pytest
 import tensorlist as tl
 from tensorlist.remote import RemoteError, RemoteReader, is_url
 
-fsspec = pytest.importorskip("fsspec")
-pytest.importorskip("s3fs")
-moto_server = pytest.importorskip("moto.server")
-
-BUCKET = "tensorlist-tests"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def s3():
-    """A moto S3 server on 127.0.0.1, and the environment that points s3fs (and the CLI) at it."""
-    port = _free_port()
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    endpoint = f"http://127.0.0.1:{port}"
-    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing",
-           "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": endpoint}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        import s3fs
-
-        s3fs.S3FileSystem.clear_instance_cache()
-        fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": endpoint})
-        fs.mkdir(BUCKET)
-        yield {"fs": fs, "endpoint": endpoint, "env": env}
-    finally:
-        server.stop()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-@pytest.fixture
-def prefix(s3):
-    return f"s3://{BUCKET}/{uuid.uuid4().hex[:8]}"
+fsspec = pytest.importorskip("fsspec", reason="remote URLs need fsspec (pip install 'tensorlist[remote]')")
 
 
 def _objects(fs, url):
@@ -80,8 +40,8 @@ def test_is_url():
     assert not is_url("model.tl") and not is_url("/abs/model.tl") and not is_url("C:\\x")
 
 
-def test_s3_round_trip(s3, prefix):
-    url = f"{prefix}/model.tl"
+def test_s3_round_trip(s3, s3_prefix):
+    url = f"{s3_prefix}/model.tl"
     want = _tensors()
     tl.save(url, want, metadata={"epoch": 2})
     got = tl.load(url)
@@ -97,8 +57,8 @@ def test_s3_round_trip(s3, prefix):
     assert json.loads(s3["fs"].cat_file(url.removeprefix("s3://")))["location"] in names
 
 
-def test_writer_to_s3_and_replacement_deletes_old_data(s3, prefix):
-    url = f"{prefix}/stream.tl"
+def test_writer_to_s3_and_replacement_deletes_old_data(s3, s3_prefix):
+    url = f"{s3_prefix}/stream.tl"
     with tl.Writer(url, metadata={"k": 1}) as w:
         w.add("a", np.arange(5))
         b = w.reserve("b", (4, 4), np.float32)
@@ -111,8 +71,8 @@ def test_writer_to_s3_and_replacement_deletes_old_data(s3, prefix):
     assert list(tl.load(url)) == ["a"]
 
 
-def test_only_requested_tensors_are_fetched_in_parallel(s3, prefix):
-    url = f"{prefix}/big.tl"
+def test_only_requested_tensors_are_fetched_in_parallel(s3, s3_prefix):
+    url = f"{s3_prefix}/big.tl"
     tensors = {f"t{i}": np.full(1 << 18, i, np.float32) for i in range(8)}  # 1 MiB each
     tl.save(url, tensors)
     fs = s3["fs"]
@@ -147,8 +107,8 @@ def test_only_requested_tensors_are_fetched_in_parallel(s3, prefix):
     assert fs is not None
 
 
-def test_failed_data_upload_leaves_no_descriptor(s3, prefix, monkeypatch):
-    url = f"{prefix}/fail.tl"
+def test_failed_data_upload_leaves_no_descriptor(s3, s3_prefix, monkeypatch):
+    url = f"{s3_prefix}/fail.tl"
     fs = fsspec.core.url_to_fs(url)[0]
 
     def broken(*a, **k):
@@ -161,8 +121,8 @@ def test_failed_data_upload_leaves_no_descriptor(s3, prefix, monkeypatch):
     assert _objects(s3["fs"], url) == []
 
 
-def test_failed_descriptor_upload_keeps_the_old_file_and_cleans_up(s3, prefix, monkeypatch):
-    url = f"{prefix}/keep.tl"
+def test_failed_descriptor_upload_keeps_the_old_file_and_cleans_up(s3, s3_prefix, monkeypatch):
+    url = f"{s3_prefix}/keep.tl"
     tl.save(url, {"old": np.ones(3)})
     before = _objects(s3["fs"], url)
     fs = fsspec.core.url_to_fs(url)[0]
@@ -178,9 +138,9 @@ def test_failed_descriptor_upload_keeps_the_old_file_and_cleans_up(s3, prefix, m
     assert list(tl.load(url)) == ["old"]
 
 
-def test_remote_reads_are_validated(s3, prefix):
+def test_remote_reads_are_validated(s3, s3_prefix):
     fs = s3["fs"]
-    url = f"{prefix}/v.tl"
+    url = f"{s3_prefix}/v.tl"
     tl.save(url, {"w": np.ones(16, np.float32)})
     key = url.removeprefix("s3://")
     desc = json.loads(fs.cat_file(key))
@@ -196,12 +156,14 @@ def test_remote_reads_are_validated(s3, prefix):
     with pytest.raises(tl.FormatError, match="(?i)duplicate"):
         tl.open(url)
     with pytest.raises(FileNotFoundError, match="no such file"):
-        tl.open(f"{prefix}/missing.tl")
+        tl.open(f"{s3_prefix}/missing.tl")
 
 
-def test_unreachable_endpoint_is_one_clear_error(tmp_path):
-    url = f"s3://{BUCKET}/x.tl"
-    opts = {"client_kwargs": {"endpoint_url": f"http://127.0.0.1:{_free_port()}"}, "key": "k", "secret": "s",
+@pytest.mark.slow  # starts a process
+def test_unreachable_endpoint_is_one_clear_error(unused_port):
+    pytest.importorskip("s3fs", reason="s3:// URLs need s3fs")
+    url = "s3://tensorlist-tests/x.tl"
+    opts = {"client_kwargs": {"endpoint_url": f"http://127.0.0.1:{unused_port}"}, "key": "k", "secret": "s",
             "config_kwargs": {"connect_timeout": 1, "retries": {"max_attempts": 1}}, "retries": 1}
     with pytest.raises(RemoteError, match=r"s3://tensorlist-tests/x.tl: cannot read the descriptor's size") as e:
         RemoteReader(url, storage_options=opts)
@@ -215,12 +177,13 @@ def test_unreachable_endpoint_is_one_clear_error(tmp_path):
     assert p.stderr.startswith("tensorlist inspect: error: s3://tensorlist-tests/x.tl: cannot")
 
 
-def test_cli_convert_to_s3_inspect_and_diff(s3, prefix, tmp_path):
-    from safetensors.numpy import save_file
+@pytest.mark.slow  # starts processes
+def test_cli_convert_to_s3_inspect_and_diff(s3, s3_prefix, tmp_path):
+    save_file = pytest.importorskip("safetensors.numpy", reason="converting needs safetensors").save_file
 
     src = tmp_path / "m.safetensors"
     save_file({"a": np.arange(6, dtype=np.float32), "b": np.eye(3)}, str(src))
-    url = f"{prefix}/cli.tl"
+    url = f"{s3_prefix}/cli.tl"
     env = dict(os.environ, **s3["env"])
 
     def run(*args):

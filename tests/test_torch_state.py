@@ -3,19 +3,14 @@ import logging
 
 import numpy as np
 import pytest
-import torch
 
-import tensorlist as tl
-import tensorlist.torch as tt
-from tensorlist.record import build_training_record, read_training_record, verify_model_file
+torch = pytest.importorskip("torch", reason="module and optimizer state files need torch (pip install 'tensorlist[torch]')")
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models run fastest on one thread (several spin against each other on a small machine)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+import tensorlist as tl  # noqa: E402
+import tensorlist.torch as tt  # noqa: E402
+from tensorlist.record import build_training_record, read_training_record, verify_model_file  # noqa: E402
+
+# one torch thread: the _one_thread fixture of conftest.py
 
 
 def _net():
