@@ -10,7 +10,13 @@
     >>> len(res.learning_curve), res.learning_curve[-1][1] < res.learning_curve[0][1]
     (5, True)
 
-See ``docs/LOOPS.md``.
+The package, one concept per module (each may import only the ones listed before it):
+``schedules`` (learning-rate and SWA schedules), ``state`` (State, Events,
+RNG states), ``batches`` (steps, batch streams, Minibatches), ``checkpoint``
+(the checkpoint document, written atomically, read once), ``config`` (the
+loops' shared parameters), ``run`` (an epoch, the epoch tail, resume, model
+files), ``train`` (the three loops); ``demo`` uses the facade. This facade
+re-exports the public names. See ``docs/LOOPS.md``.
 """
 from .schedules import ConstantSWA, CyclicSWA, Decrement, Noop, ReduceLROnPlateau
 from .checkpoint import LOOP_STATE_FORMAT, read_checkpoint

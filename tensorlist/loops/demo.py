@@ -7,6 +7,9 @@ noise), trains ``ConvLSTMPeephole -> pooling -> BatchNorm -> Linear`` with
 min-validation model, then cyclic SWA and a batch-norm refresh), checkpoints
 every epoch, and prints the model files, their training-record summaries and
 the learning curve.
+
+Imports torch, ``nn``, ``record`` and the ``tensorlist.loops`` facade (lazily:
+``tensorlist demo`` needs the loops only for its last part).
 """
 from __future__ import annotations
 

@@ -19,6 +19,8 @@ Example:
     [1.0, 1.0, 1.0, 1.0, 0.5, 0.5, 0.25, 0.25]
     >>> [round(CyclicSWA(0.1, 1.0, 4).factor(None, e, None)[1], 3) for e in range(4)]
     [0.775, 0.55, 0.325, 0.1]
+
+Imports nothing beyond the standard library (schedules know no torch).
 """
 from __future__ import annotations
 

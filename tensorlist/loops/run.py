@@ -1,0 +1,401 @@
+"""One run of a loop: the machinery ``epochs``, ``swa_epochs`` and ``with_swa`` share.
+
+:class:`Run` holds what a run has besides its :class:`~.config.LoopConfig`:
+the unwrapped module, the process group, the training recorder, the base
+learning rates, the phases' states (``simple``, ``swa``), the min-validation
+snapshot and the SWA average. It does the work common to the loops: training
+and validating one epoch (:meth:`Run.train_at`, :meth:`Run.validate_epoch`),
+the epoch tail (:meth:`Run.end_epoch`: learning curve, training record, torch
+LR scheduler, log line, counters, events, checkpoint), checkpoints and model
+files, and resuming from a checkpoint (:meth:`Run.restore`), one way for all
+three loops.
+
+Imports torch, ``record``, ``torch`` (the adapters), ``_torch_bridge`` and
+``loops.batches``, ``loops.checkpoint``, ``loops.config``, ``loops.state``.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import os
+import sys
+from typing import Dict, Mapping, Optional, Tuple
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.optim.swa_utils import AveragedModel
+
+from .._torch_bridge import from_numpy, state_to_numpy
+from ..record import TrainingRecorder, save_model_file, weights_sha256
+from ..torch import check_optimizer_state, match_state, module_state, optimizer_state_from_parts, optimizer_state_parts
+from .batches import TrainingLoopContext, batch_stream, is_empty, stream_settings
+from .checkpoint import (CHECKPOINT_TYPES, LOOP_STATE_FORMAT, empty_simple, extension, loop_document, phase_document,
+                         phase_parts, read_checkpoint, state_from_phase, write_checkpoint)
+from .config import LoopConfig
+from .state import Events, State, seed_rngs, set_rng_state
+
+__all__ = ["Run", "log"]
+
+log = logging.getLogger("tensorlist.loops")
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    return model.module if isinstance(model, (torch.nn.parallel.DistributedDataParallel,
+                                              torch.nn.DataParallel)) else model
+
+
+def _process_group() -> Tuple[bool, int]:
+    if dist.is_available() and dist.is_initialized():
+        return True, dist.get_rank()
+    return False, 0
+
+
+def _check_model(module: torch.nn.Module, arrays: Mapping[str, np.ndarray], where: str) -> None:
+    """Refuses a checkpoint's weights that are not ``module``'s (names and shapes, both ways)."""
+    m = match_state(module.state_dict(), arrays)
+    if not m.complete:
+        wrong = [f"{k}: checkpoint {list(saved)} vs model {list(own)}" for k, saved, own in m.mismatched]
+        raise ValueError(f"{where}: the checkpoint holds another model (missing {list(m.missing)}, unexpected "
+                         f"{list(m.unexpected)}, wrong shapes {wrong})")
+
+
+def _load_model(module: torch.nn.Module, arrays: Mapping[str, np.ndarray]) -> None:
+    module.load_state_dict({k: from_numpy(np.asarray(a)) for k, a in arrays.items()})
+
+
+class Run:
+    """One run of a loop (see the module docstring); made by the public loop functions."""
+
+    def __init__(self, cfg: LoopConfig):
+        self.cfg = cfg
+        if cfg.device is not None:
+            cfg.model.to(cfg.device)
+        if cfg.out_dir is not None:
+            os.makedirs(cfg.out_dir, exist_ok=True)
+        self.module = _unwrap(cfg.model)
+        self.distributed, self.rank = _process_group()
+        self.files: Dict[str, str] = {}
+        self.base_lrs = [g.get("initial_lr", g["lr"]) for g in cfg.optimizer.param_groups]
+        self.simple: Optional[State] = None  # the phases' states, as far as the loop has them
+        self.swa: Optional[State] = None
+        self.min_model: Optional[Dict[str, torch.Tensor]] = None
+        self.averaged: Optional[AveragedModel] = None
+        validation = None
+        if cfg.validation is not None:
+            validation = {"loader": stream_settings(cfg.validation), "every": cfg.validation_frequency}
+        sched = cfg.lr_scheduler if cfg.lr_scheduler is not None else cfg.schedule
+        self.recorder = TrainingRecorder(
+            self.module, cfg.optimizer, loss=getattr(cfg.step, "loss_fn", None), train_loader=stream_settings(cfg.train),
+            epochs=cfg.epochs_asked, scheduler=sched, scheduler_step="epoch", seed=cfg.seed,
+            initial_weights=cfg.initial_weights, validation=validation, solver=cfg.solver,
+            solver_params=dict(cfg.solver_params),
+        )
+
+    def progress(self) -> bool:
+        """Whether this process shows progress bars (rank 0, and ``progress`` or a terminal)."""
+        shown = self.cfg.progress if self.cfg.progress is not None else sys.stderr.isatty()
+        return shown and self.rank == 0
+
+    @staticmethod
+    def progress_bar(iterable=None, **kw):
+        """A tqdm bar."""
+        from tqdm.auto import tqdm  # an optional dependency: imported only when bars are on
+
+        return tqdm(iterable, **kw)
+
+    # --- start ------------------------------------------------------------------
+    def start(self) -> None:
+        """Resumes from the checkpoint ``resume`` names, or seeds a fresh run; then fires STARTED."""
+        path = self.resume_path()
+        if path is not None:
+            self.restore(path)
+        else:
+            seed_rngs(self.cfg.seed)
+        self.fire(Events.STARTED, self.swa if self.swa is not None else self.simple)
+
+    def resume_path(self) -> Optional[str]:
+        resume, checkpoint = self.cfg.resume, self.cfg.checkpoint
+        if resume is None or resume is False:
+            return None
+        if resume is True:
+            if checkpoint is None:
+                raise ValueError("resume=True needs checkpoint= (or out_dir=)")
+            return os.fspath(checkpoint) if os.path.exists(checkpoint) else None
+        if not os.path.exists(resume):
+            raise FileNotFoundError(f"checkpoint to resume from {os.fspath(resume)!r} does not exist")
+        return os.fspath(resume)
+
+    def restore(self, path: str) -> None:
+        """Resumes from the checkpoint at ``path``: every check first, then model, optimizer, states, RNGs.
+
+        Sets the state of the phase the checkpoint is in (and, in SWA, the
+        warm-up's), the min-validation snapshot and the SWA average
+        (``self.averaged``, made here after the weights are loaded unless the
+        loop made it already).
+
+        Raises:
+            ValueError: a checkpoint of another loop, model, optimizer or
+                parameter groups, or without the loops' extension.
+        """
+        cfg = self.cfg
+        doc = read_checkpoint(path)
+        wanted = CHECKPOINT_TYPES[cfg.loop]
+        if doc["type"] != wanted:
+            hint = "; use with_swa() or swa_epochs()" if cfg.loop == "epochs" else ""
+            raise ValueError(f"{path}: a {doc['type']} checkpoint cannot resume {cfg.loop}() (it needs a "
+                             f"{wanted}{hint})")
+        ext = doc.get("tensorlist")
+        if not isinstance(ext, Mapping) or ext.get("format") != LOOP_STATE_FORMAT:
+            raise ValueError(f"{path}: no {LOOP_STATE_FORMAT!r} extension: a lamp checkpoint or one of "
+                             "another program cannot be resumed exactly")
+        groups = cfg.optimizer.param_groups
+        if len(ext["baseLearningRates"]) != len(groups):
+            raise ValueError(f"{path}: {len(ext['baseLearningRates'])} parameter groups saved, the optimizer has "
+                             f"{len(groups)}")
+        if cfg.lr_scheduler is not None and ext.get("lrScheduler") is None:
+            raise ValueError(f"{path}: the checkpoint has no LR scheduler state, but an lr_scheduler was given")
+        simple_doc, swa_doc = phase_parts(doc)
+        kind = "swa" if swa_doc is not None else "simple"
+        phase = swa_doc if swa_doc is not None else simple_doc
+        _check_model(self.module, phase["model"], path)
+        opt_meta = phase.get("optimizerMetadata")
+        if opt_meta is None:
+            raise ValueError(f"{path}: the checkpoint's optimizer list has no metadata (not written by "
+                             "tensorlist.loops)")
+        opt_sd = optimizer_state_from_parts({k: from_numpy(np.asarray(a)) for k, a in phase["optimizer"].items()},
+                                            opt_meta)
+        check_optimizer_state(cfg.optimizer, opt_sd, where=path)
+        state = state_from_phase(phase, kind)
+        averaged = phase.get("averagedModels") if kind == "swa" else None
+        if kind == "swa" and state.number_of_averaged_models > 0:
+            if averaged is None:
+                raise ValueError(f"{path}: numberOfAveragedModels > 0 but no averagedModels")
+            _check_model(self.module, averaged, path + " (averagedModels)")
+
+        self.base_lrs = list(ext["baseLearningRates"])
+        if cfg.lr_scheduler is not None:
+            cfg.lr_scheduler.load_state_dict(ext["lrScheduler"])
+        if "training" in doc:
+            self.recorder.resume(doc["training"])
+        _load_model(self.module, phase["model"])
+        cfg.optimizer.load_state_dict(opt_sd)
+        state.max_epochs = cfg.epochs_of(kind)
+        state.iteration = int(ext.get("iteration", 0))
+        if kind == "simple":
+            state.schedule_state = ext.get("scheduleState")
+            self.simple = state
+            mvm = phase.get("minValidationLossModel")
+            if mvm is not None:
+                self.min_model = {k: from_numpy(np.array(a)) for k, a in mvm[1].items()}
+        else:
+            state.schedule_state = ext.get("swaScheduleState")
+            self.swa = state
+            if simple_doc is not None:
+                self.simple = state_from_phase(simple_doc, "simple")
+                self.simple.schedule_state = ext.get("scheduleState")
+            if self.averaged is None:
+                self.averaged = AveragedModel(self.module)
+            if state.number_of_averaged_models > 0:
+                _load_model(self.averaged.module, averaged)
+            self.averaged.n_averaged.fill_(state.number_of_averaged_models)
+        set_rng_state(ext["rngTensors"], ext["rng"])
+        log.info("resumed from %s after %d epochs", path, state.epoch)
+
+    # --- events and learning rate -------------------------------------------------
+    def fire(self, event: Events, state: State) -> None:
+        for h in self.cfg.handlers.get(event, ()):
+            h(state)
+
+    def set_factor(self, factor: float) -> None:
+        if self.cfg.lr_scheduler is not None:
+            return  # the torch scheduler owns the rates; the factor schedule can still stop
+        for g, base in zip(self.cfg.optimizer.param_groups, self.base_lrs):
+            g["lr"] = base * factor
+
+    # --- one epoch ------------------------------------------------------------------
+    @staticmethod
+    def context(state: State) -> TrainingLoopContext:
+        return TrainingLoopContext(state.epoch, state.last_validation_loss, state.min_validation_loss)
+
+    def train_at(self, state: State, factor: float) -> Tuple[TrainingLoopContext, float]:
+        """Trains the epoch ``state.epoch`` at learning-rate ``factor``.
+
+        Fires EPOCH_STARTED and the training callback; returns (context, training loss).
+        """
+        state.factor = factor
+        self.set_factor(factor)
+        ctx = self.context(state)
+        self.fire(Events.EPOCH_STARTED, state)
+        train_loss = self.train_epoch(state, ctx)
+        state.training_loss = train_loss
+        if self.cfg.training_callback is not None:
+            self.cfg.training_callback(state.epoch, train_loss, self.cfg.model)
+        return ctx, train_loss
+
+    def _reduce(self, total: float, count: int) -> Tuple[float, int]:
+        if self.distributed:
+            t = torch.tensor([total, float(count)], dtype=torch.float64)
+            dist.all_reduce(t)
+            total, count = float(t[0]), int(t[1])
+        return total, count
+
+    def train_epoch(self, state: State, ctx: TrainingLoopContext) -> float:
+        cfg = self.cfg
+        model, opt, n_acc = cfg.model, cfg.optimizer, max(1, cfg.accumulate_gradient_over_n_batches)
+        model.train()
+        total, count, pending = 0.0, 0, 0
+        stream = batch_stream(cfg.train, ctx)
+        bar = None
+        if self.progress():
+            stream = bar = self.progress_bar(stream, desc=f"{state.phase} epoch {state.epoch}", leave=False, unit="batch")
+        opt.zero_grad(set_to_none=True)
+        for batch in stream:
+            if is_empty(batch):
+                continue  # lamp's EmptyBatch: skipped, not counted
+            loss, n = cfg.step(model, batch)
+            loss.backward()
+            pending += 1
+            if pending == n_acc:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                pending = 0
+            value = float(loss.detach())
+            total += value * n
+            count += n
+            state.iteration += 1
+            state.batch_loss = value
+            self.fire(Events.ITERATION_COMPLETED, state)
+        if pending:  # a short last group still steps (lamp leaves its gradients behind)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        if bar is not None:
+            bar.close()
+        total, count = self._reduce(total, count)
+        return total / count if count else math.nan
+
+    def validate(self, state: State, ctx: TrainingLoopContext) -> float:
+        cfg = self.cfg
+        cfg.model.eval()
+        total, count = 0.0, 0
+        with torch.no_grad():
+            for batch in batch_stream(cfg.validation, ctx):
+                if is_empty(batch):
+                    continue
+                loss, n = cfg.step(cfg.model, batch)
+                total += float(loss) * n
+                count += n
+        total, count = self._reduce(total, count)
+        return total / count if count else math.nan
+
+    def validates(self, state: State) -> bool:
+        """Whether the epoch ``state.epoch`` is validated."""
+        return self.cfg.validation is not None and state.epoch % self.cfg.validation_frequency == 0
+
+    def validate_epoch(self, state: State, ctx: TrainingLoopContext, smoothing: Optional[float]) -> Tuple[float, float]:
+        """Validates, smooths (``raw * a + last * (1 - a)`` unless ``smoothing`` is None) and reports.
+
+        Sets the state's losses, calls the validation callback once with the
+        loss the loop uses, fires VALIDATION_COMPLETED; returns (that loss, raw).
+        """
+        raw = self.validate(state, ctx)
+        value = raw
+        if smoothing is not None:
+            prev = state.last_validation_loss
+            value = raw * smoothing + (prev if prev is not None else raw) * (1 - smoothing)
+        state.validation_loss, state.raw_validation_loss = value, raw
+        if self.cfg.validation_callback is not None:  # once, with the smoothed loss (lamp: twice)
+            self.cfg.validation_callback(state.epoch, value, self.cfg.model)
+        self.fire(Events.VALIDATION_COMPLETED, state)
+        return value, raw
+
+    def end_epoch(self, state: State, entry: tuple, validation: Optional[float], next_schedule_state,
+                  log_args: tuple) -> None:
+        """What follows every epoch of every loop, in this order.
+
+        Appends ``entry`` to the learning curve, records the epoch, steps the
+        torch LR scheduler, logs ``log_args``, counts the epoch done (and
+        stores the loss and schedule state the next epoch starts from), fires
+        EPOCH_COMPLETED, then writes the checkpoint and fires CHECKPOINT_SAVED.
+        """
+        state.learning_curve.append(entry)
+        self.recorder.epoch_done(entry[1], validation=validation)
+        if self.cfg.lr_scheduler is not None:
+            self.cfg.lr_scheduler.step()
+        log.info(*log_args)
+        state.epoch += 1
+        state.last_validation_loss = validation
+        state.schedule_state = next_schedule_state
+        self.fire(Events.EPOCH_COMPLETED, state)
+        if self.cfg.checkpoint is not None:
+            self.write_checkpoint()
+            self.fire(Events.CHECKPOINT_SAVED, state)
+
+    # --- checkpoints and model files --------------------------------------------------
+    def record_meta(self, kind: str, weights: Mapping[str, np.ndarray], epoch: Optional[int] = None,
+                    value: Optional[float] = None) -> dict:
+        rec = self.recorder.record("checkpoint" if kind == "checkpoint" else kind, epoch=epoch)
+        if value is not None:
+            rec["weights"]["validation"] = value
+        rec["weights"]["sha256"] = weights_sha256(weights)
+        return {"training": rec, "dataset_params": copy.deepcopy(dict(self.cfg.dataset_params))}
+
+    def checkpoint_document(self) -> dict:
+        """The checkpoint of the run as it stands: the active phase in full (the SWA phase once it began)."""
+        weights = state_to_numpy(module_state(self.module))
+        record = self.record_meta("checkpoint", weights)
+        opt_tensors, opt_meta = optimizer_state_parts(self.cfg.optimizer.state_dict())
+        parts = dict(model=weights, model_meta=record, optimizer=state_to_numpy(opt_tensors), optimizer_meta=opt_meta)
+        active = self.swa if self.swa is not None else self.simple
+        if self.swa is not None:
+            averaged = None
+            if self.swa.number_of_averaged_models > 0:
+                averaged = state_to_numpy(module_state(self.averaged.module))
+            swa = phase_document("swa", state=self.swa, averaged=averaged, **parts)
+            simple = empty_simple(self.simple) if self.simple is not None else None
+        else:
+            swa = None
+            simple = phase_document("simple", state=self.simple, **parts,
+                                    min_model=None if self.min_model is None else state_to_numpy(self.min_model))
+        sch = self.cfg.lr_scheduler
+        ext = extension(phase=active.phase, state=active, base_lrs=self.base_lrs,
+                        lr_scheduler_state=None if sch is None else sch.state_dict(),
+                        simple_schedule_state=None if self.simple is None else self.simple.schedule_state,
+                        swa_schedule_state=None if self.swa is None else self.swa.schedule_state)
+        return loop_document(CHECKPOINT_TYPES[self.cfg.loop], simple=simple, swa=swa, ext=ext, record=record)
+
+    def write_checkpoint(self) -> None:
+        """Rank 0 writes the checkpoint (atomically); every rank waits for it."""
+        if self.cfg.checkpoint is None:
+            return
+        if self.rank == 0:
+            write_checkpoint(self.cfg.checkpoint, self.checkpoint_document())
+            self.files["checkpoint"] = os.fspath(self.cfg.checkpoint)
+            log.debug("checkpoint written: %s", self.cfg.checkpoint)
+        if self.distributed:
+            dist.barrier()
+
+    def save_model(self, name: str, kind: str, weights: Mapping[str, torch.Tensor], epoch: int,
+                   value: Optional[float] = None) -> None:
+        """Rank 0 writes the model file ``out_dir/name`` (nothing without ``out_dir``)."""
+        if self.cfg.out_dir is None or self.rank != 0:
+            return
+        path = os.path.join(self.cfg.out_dir, name)
+        rec = self.recorder.record(kind, epoch=epoch)
+        if value is not None:
+            rec["weights"]["validation"] = value
+        save_model_file(path, state_to_numpy(weights), training=rec, dataset_params=self.cfg.dataset_params)
+        self.files[kind] = path
+
+    def save_best(self) -> None:
+        """``best_validation.json``: the min-validation snapshot of the simple phase, if it has one."""
+        s = self.simple
+        if self.min_model is not None and s is not None and s.min_validation_epoch is not None:
+            self.save_model("best_validation.json", "best_validation", self.min_model, s.min_validation_epoch + 1,
+                            value=s.min_validation_loss)
+
+    def save_final(self, epochs_done: Optional[int] = None) -> None:
+        """``final.json``: the model's weights now, recorded after ``epochs_done`` (default: all done)."""
+        done = self.recorder.epochs_done if epochs_done is None else epochs_done
+        self.save_model("final.json", "final", module_state(self.module), done)
