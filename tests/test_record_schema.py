@@ -20,11 +20,11 @@ from _record_support import (
     wrong_value,
 )
 from tensorlist.errors import FormatError
+from tensorlist.schema import load_schema as _schema
 from tensorlist.record import (
     FORMAT,
     WEIGHTS_HASH_TAG,
     WEIGHTS_KINDS,
-    _schema,
     validate_dataset_params,
     validate_training_record,
 )

@@ -18,10 +18,10 @@ from torch.utils.data import DataLoader, TensorDataset
 import tensorlist
 from _record_support import records
 from tensorlist.errors import FormatError
+from tensorlist.schema import load_schema as _schema
 from tensorlist.record import (
     RecordWarning,
     TrainingRecorder,
-    _schema,
     build_training_record,
     dataset_content_hash,
     model_file_origin,
