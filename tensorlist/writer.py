@@ -1,299 +1,31 @@
 """Writing: ``save``, the streaming :class:`Writer`, ``write_data`` and ``save_document``.
 
-Tensors are prepared here (contiguous bytes, dtype row, byte-swap size; torch
-tensors through ``_torch_bridge``, imported only when one is passed), laid out
-(aligned offsets, padded lengths), written by the C core straight from the
-caller's buffers, and committed through ``_commit``'s one atomic replacement
-protocol. URLs go to the registered backend (``_backends``).
+Tensors are prepared and laid out by ``_items`` (shared with the remote
+writer), written by the C core straight from the caller's buffers, and
+committed through ``_commit``'s one atomic replacement protocol (data file,
+then descriptor; see its docstring). URLs go to the registered backend
+(``_backends``).
 
-Imports ``format``, ``_commit``, ``_backends``, ``_jsonio``, ``_dtypes`` and
-``_lowlevel``; never ``remote`` or torch.
+Imports ``_items``, ``_commit``, ``_backends``, ``format``, ``_jsonio``,
+``_dtypes`` and ``_lowlevel``; never ``remote`` or torch.
 """
 from __future__ import annotations
 
-import gc
 import os
-import sys
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from json.encoder import encode_basestring as _encode_string
-
 from . import _backends, _dtypes, _lowlevel
 from ._commit import Commit, atomic_file
-from ._jsonio import check_json, dumps, dumps_lamp, escape_pointer, resolve_pointer, walk
+from ._items import (GCPaused, Item, align, check_alignment, check_metadata, check_names, descriptor,
+                     descriptor_text, fast_descriptor_text, known_len, prepare, tensor_entries)
+from ._items import layout as place
+from ._jsonio import check_json, dumps, escape_pointer, resolve_pointer, walk
 from .errors import FormatError
-from .format import DEFAULT_ALIGNMENT, FORMAT_VERSION, LIST_ALIGNMENT, MAX_ALIGNMENT, MIN_TENSOR_ALIGNMENT, find_tensor_lists
+from .format import DEFAULT_ALIGNMENT, LIST_ALIGNMENT, MIN_TENSOR_ALIGNMENT, find_tensor_lists
 
 __all__ = ["save", "Writer", "Tensors", "write_data", "save_document"]
-
-_LITTLE_HOST = sys.byteorder == "little"
-
-
-def _align(n: int, a: int) -> int:
-    return (n + a - 1) // a * a
-
-
-def _check_alignment(alignment: int) -> int:
-    if (not isinstance(alignment, int) or isinstance(alignment, bool) or alignment < MIN_TENSOR_ALIGNMENT
-            or alignment > MAX_ALIGNMENT or alignment & (alignment - 1)):
-        raise ValueError(f"alignment must be a power of two in [{MIN_TENSOR_ALIGNMENT}, {MAX_ALIGNMENT}], "
-                         f"got {alignment!r}")
-    return alignment
-
-
-def _as_array(value, where: str) -> np.ndarray:
-    if isinstance(value, np.ndarray):
-        arr = value
-    elif type(value).__module__.startswith("torch"):
-        from ._torch_bridge import to_numpy  # torch is imported only when torch tensors come in
-
-        arr = to_numpy(value, where)
-    else:
-        try:
-            arr = np.asarray(value)
-        except Exception as e:  # e.g. a torch bfloat16 tensor: use tensorlist.torch
-            raise TypeError(f"{where}: cannot convert {type(value).__name__} to a numpy array ({e})") from e
-    if arr.dtype.hasobject or arr.dtype.fields is not None:
-        raise TypeError(f"{where}: dtype {arr.dtype} cannot be stored (no tensorlist dataType code)")
-    return arr
-
-
-_DTYPE_CACHE: Dict[np.dtype, Tuple[_dtypes.DType, int]] = {}
-_MAX_ITEMSIZE = max(d.itemsize for d in _dtypes.DTYPES)
-# Hashing a numpy dtype costs more than everything else done per tiny tensor;
-# arrays of a builtin type share one dtype object, so look it up by identity
-# first. Each entry holds its dtype, so an id in here is never reused.
-_DTYPE_BY_ID: Dict[int, Tuple[np.dtype, Tuple[_dtypes.DType, int]]] = {}
-
-
-def _dtype_info(dt: np.dtype) -> Tuple[_dtypes.DType, int]:
-    """(table row, byte-swap element size or 0) for a numpy dtype, cached."""
-    by_id = _DTYPE_BY_ID.get(id(dt))
-    if by_id is not None and by_id[0] is dt:
-        return by_id[1]
-    hit = _DTYPE_CACHE.get(dt)
-    if hit is None:
-        row = _dtypes.from_numpy(dt)
-        order = dt.byteorder
-        little = order == "<" or order == "|" or (order == "=" and _LITTLE_HOST)
-        size = dt.itemsize // (2 if dt.kind == "c" else 1)
-        hit = _DTYPE_CACHE[dt] = (row, 0 if little or size == 1 else size)
-    if len(_DTYPE_BY_ID) < 1024:
-        _DTYPE_BY_ID[id(dt)] = (dt, hit)
-    return hit
-
-
-class _Item:
-    """One tensor ready to write: contiguous bytes, dtype row, byte-swap size."""
-
-    __slots__ = ("name", "array", "dtype", "swap", "shape", "nbytes")
-
-    def __init__(self, name: Optional[str], value, where):
-        arr = value if type(value) is np.ndarray else _as_array(value, where())
-        try:
-            self.dtype, self.swap = _dtype_info(arr.dtype)
-        except TypeError as e:
-            raise TypeError(f"{where()}: {e}") from None
-        if not arr.flags.c_contiguous:
-            arr = np.ascontiguousarray(arr)  # the one copy: the format stores C order
-        self.name = name
-        self.shape = arr.shape
-        self.nbytes = arr.nbytes
-        self.array = arr
-
-
-_GC_PAUSE_MIN = 10_000
-
-
-class _GCPaused:
-    """Pauses the cyclic garbage collector around the per-tensor loops of a long list.
-
-    Preparing 100,000 tensors allocates a few hundred thousand small tracked
-    objects, and such a burst triggers a full collection that walks every
-    object of the caller's process: 0.2 s of a 0.7 s save of 100k tiny
-    tensors in bench/bench_io.py, more in a large training process. These
-    loops create no reference cycles (reference counting frees everything),
-    so pausing loses nothing; msgpack advises the same for large unpacks.
-    """
-
-    __slots__ = ("on",)
-
-    def __init__(self, n: int):
-        self.on = n >= _GC_PAUSE_MIN and gc.isenabled()
-
-    def __enter__(self) -> None:
-        if self.on:
-            gc.disable()
-
-    def __exit__(self, *exc) -> None:
-        if self.on:
-            gc.enable()
-
-
-def _known_len(obj) -> int:
-    try:
-        return len(obj)
-    except TypeError:  # a generator: its code is the caller's, leave the collector alone
-        return 0
-
-
-def _items(tensors, where: str) -> Tuple[List[_Item], bool]:
-    """Prepared items and whether they are named (mapping) or positional (sequence)."""
-    # The common case inline (a C-contiguous ndarray of a dtype seen before):
-    # what _Item.__init__ does, without its call and error-context closure.
-    new, by_id, ndarray = _Item.__new__, _DTYPE_BY_ID, np.ndarray
-    named = isinstance(tensors, Mapping)
-    if named:
-        pairs = tensors.items()
-    elif isinstance(tensors, (str, bytes)) or not isinstance(tensors, Iterable):
-        raise TypeError(f"{where}: tensors must be a mapping name -> array or a sequence of arrays, "
-                        f"got {type(tensors).__name__}")
-    else:
-        pairs = ((None, v) for v in tensors)
-    items = []
-    append = items.append
-    for i, (k, v) in enumerate(pairs):
-        if named and type(k) is not str:
-            raise TypeError(f"{where}: tensor names must be str, got {k!r}")
-        if type(v) is ndarray:
-            dt = v.dtype
-            hit = by_id.get(id(dt))
-            if hit is not None and hit[0] is dt and v.flags.c_contiguous:
-                it = new(_Item)
-                it.name, it.array, (it.dtype, it.swap), it.shape, it.nbytes = k, v, hit[1], v.shape, v.nbytes
-                append(it)
-                continue
-        append(_Item(k, v, lambda k=k, i=i: f"{where}: tensor {k!r}" if named else f"{where}: tensor {i}"))
-    if named:
-        _check_names([it.name for it in items], where)
-    return items, named
-
-
-def _check_names(names: List[str], where: str) -> None:
-    """Refuses names that cannot be written as UTF-8 (lone surrogates) before any byte is written."""
-    try:
-        "\x00".join(names).encode("utf-8")
-    except UnicodeEncodeError:
-        for n in names:
-            try:
-                n.encode("utf-8")
-            except UnicodeEncodeError as e:
-                raise ValueError(f"{where}: tensor name {n!r} is not valid Unicode ({e.reason})") from None
-
-
-def _layout(items: Sequence[_Item], start: int, alignment: int) -> Tuple[List[int], int]:
-    """Offsets relative to ``start`` and the list's padded byteLength."""
-    if alignment >= _MAX_ITEMSIZE and len(items) > 64:
-        # every tensor then starts at the end of the previous one rounded up to
-        # `alignment`: a prefix sum of the rounded sizes (the loop below, vectorized)
-        padded = np.fromiter([it.nbytes for it in items], dtype=np.int64, count=len(items))
-        padded += alignment - 1
-        padded &= -alignment
-        ends = np.cumsum(padded)
-        offsets = (ends - padded).tolist()
-        return offsets, int(ends[-1])
-    offsets, cursor = [], 0
-    append = offsets.append
-    for it in items:
-        # a tensor must also start at a multiple of its item size (complex128: 16)
-        a = it.dtype.itemsize if it.dtype.itemsize > alignment else alignment
-        off = -(-cursor // a) * a
-        append(off)
-        cursor = off + it.nbytes
-    return offsets, _align(cursor, alignment)
-
-
-def _tensor_entries(items, offsets, crcs, lamp: bool) -> List[Dict[str, Any]]:
-    out = []
-    for i, (it, off) in enumerate(zip(items, offsets)):
-        e: Dict[str, Any] = {}
-        if lamp:
-            if it.shape:
-                e["dims"] = list(it.shape)
-        else:
-            if it.name is not None:
-                e["name"] = it.name
-            e["dims"] = list(it.shape)
-        e["dataType"] = it.dtype.code
-        e["byteOffset"] = off
-        e["byteLength"] = it.nbytes
-        if crcs is not None and not lamp:
-            e["crc32c"] = crcs[i]
-        out.append(e)
-    return out
-
-
-def _descriptor(entries, location, offset, length, metadata, lamp: bool) -> Dict[str, Any]:
-    d: Dict[str, Any] = {}
-    if not lamp:
-        d["formatVersion"] = FORMAT_VERSION
-    if entries or not lamp:
-        d["tensors"] = entries
-    d["location"] = location
-    d["byteOffset"] = offset
-    d["byteLength"] = length
-    if metadata is not None and not lamp:
-        d["metadata"] = metadata
-    return d
-
-
-def _fast_descriptor_text(items, offsets, crcs, location: str, length: int, metadata) -> str:
-    """The text ``_descriptor_text(_descriptor(...))`` gives in tensorlist mode, made directly.
-
-    Saving a million tiny tensors should not build a million dicts: one
-    f-string per tensor, with the dims text of each distinct shape made once.
-    """
-    enc = _encode_string
-    dims_text: Dict[Tuple[int, ...], str] = {}
-    lines = []
-    append = lines.append
-    for i, (it, off) in enumerate(zip(items, offsets)):
-        shape = it.shape
-        dims = dims_text.get(shape)
-        if dims is None:
-            dims = dims_text[shape] = ",".join(map(str, shape))
-        if it.name is not None:
-            if crcs is not None:
-                append(f'{{"name":{enc(it.name)},"dims":[{dims}],"dataType":{it.dtype.code},"byteOffset":{off},'
-                       f'"byteLength":{it.nbytes},"crc32c":{crcs[i]}}}')
-            else:
-                append(f'{{"name":{enc(it.name)},"dims":[{dims}],"dataType":{it.dtype.code},"byteOffset":{off},'
-                       f'"byteLength":{it.nbytes}}}')
-        elif crcs is not None:
-            append(f'{{"dims":[{dims}],"dataType":{it.dtype.code},"byteOffset":{off},"byteLength":{it.nbytes},'
-                   f'"crc32c":{crcs[i]}}}')
-        else:
-            append(f'{{"dims":[{dims}],"dataType":{it.dtype.code},"byteOffset":{off},"byteLength":{it.nbytes}}}')
-    body = "\n" + ",\n".join(lines) if lines else ""
-    meta = f',"metadata":{dumps(metadata)}' if metadata is not None else ""
-    return (f'{{"formatVersion":{FORMAT_VERSION},"tensors":[{body}],"location":{enc(location)},'
-            f'"byteOffset":0,"byteLength":{length}{meta}}}\n')
-
-
-def _descriptor_text(desc: Dict[str, Any], lamp: bool) -> str:
-    if lamp:
-        return dumps_lamp(desc)
-    # one tensor per line: pleasant to grep and diff
-    tensors = desc.get("tensors") or []
-    body = "\n" + ",\n".join(dumps(t) for t in tensors) if tensors else ""
-    rest = dumps({k: v for k, v in desc.items() if k not in ("formatVersion", "tensors")})
-    return f'{{"formatVersion":{desc["formatVersion"]},"tensors":[{body}],{rest[1:]}\n'
-
-
-def _check_metadata(metadata, lamp: bool):
-    if metadata is None:
-        return None
-    if lamp:
-        raise ValueError("lamp=True writes exactly what lamp writes: metadata cannot be stored")
-    try:
-        check_json(metadata)
-    except FormatError as e:
-        raise ValueError(f"metadata must be strict JSON (str keys, no NaN/Infinity): {e.reason}"
-                         + (f" at {e.field}" if e.field not in (None, "/") else "")) from None
-    return metadata
-
 
 def _write_lists(fd, lists, alignment, checksum, durable, threads, path, lamp):
     """Writes several prepared lists into one new file at 4096-aligned offsets.
@@ -304,8 +36,8 @@ def _write_lists(fd, lists, alignment, checksum, durable, threads, path, lamp):
     bufs, offs, swaps, layout = [], [], [], []
     start = 0
     for items in lists:
-        start = _align(start, LIST_ALIGNMENT)
-        rel, length = _layout(items, start, alignment)
+        start = align(start, LIST_ALIGNMENT)
+        rel, length = place(items, start, alignment)
         layout.append((start, rel, length))
         for it, o in zip(items, rel):
             bufs.append(it.array)
@@ -361,10 +93,10 @@ def save(path, tensors, *, metadata: Any = None, alignment: int = DEFAULT_ALIGNM
     path = _backends.localize(os.fspath(path))
     if lamp:
         alignment = MIN_TENSOR_ALIGNMENT
-    _check_alignment(alignment)
-    metadata = _check_metadata(metadata, lamp)
-    with _GCPaused(_known_len(tensors)):
-        items, named = _items(tensors, os.fspath(path))
+    check_alignment(alignment)
+    metadata = check_metadata(metadata, lamp)
+    with GCPaused(known_len(tensors)):
+        items, named = prepare(tensors, os.fspath(path))
     if lamp and named:
         # lamp lists are positional: the mapping's order is kept, its keys are not stored
         pass
@@ -374,12 +106,12 @@ def save(path, tensors, *, metadata: Any = None, alignment: int = DEFAULT_ALIGNM
         [(_, offsets, length, crcs)] = _write_lists(fd, [items], alignment, checksum, durable, threads,
                                                     commit.data_tmp, lamp)
         commit.finish_data()
-        with _GCPaused(len(items)):
+        with GCPaused(len(items)):
             if lamp:
-                text = _descriptor_text(_descriptor(_tensor_entries(items, offsets, crcs, True), commit.data_name,
+                text = descriptor_text(descriptor(tensor_entries(items, offsets, crcs, True), commit.data_name,
                                                     0, length, None, True), True)
             else:
-                text = _fast_descriptor_text(items, offsets, crcs, commit.data_name, length, metadata)
+                text = fast_descriptor_text(items, offsets, crcs, commit.data_name, length, metadata)
         commit.commit(text)
     except BaseException:
         commit.abort()
@@ -421,8 +153,8 @@ class Writer:
     def __init__(self, path, *, metadata: Any = None, alignment: int = DEFAULT_ALIGNMENT,
                  checksum: bool = True, lamp: bool = False, durable: bool = True,
                  threads: Optional[int] = None):
-        self.alignment = MIN_TENSOR_ALIGNMENT if lamp else _check_alignment(alignment)
-        self.metadata = _check_metadata(metadata, lamp)
+        self.alignment = MIN_TENSOR_ALIGNMENT if lamp else check_alignment(alignment)
+        self.metadata = check_metadata(metadata, lamp)
         self.checksum = checksum and not lamp
         self.lamp = lamp
         self.threads = threads
@@ -458,9 +190,9 @@ class Writer:
                 raise TypeError(f"tensor names must be str, got {name!r}")
             if name in self._names:
                 raise ValueError(f"duplicate tensor name {name!r}")
-            _check_names([name], self.path)
+            check_names([name], self.path)
             self._names.add(name)
-        offset = _align(self._end, max(self.alignment, dtype.itemsize))
+        offset = align(self._end, max(self.alignment, dtype.itemsize))
         e: Dict[str, Any] = {}
         if named and not self.lamp:
             e["name"] = name
@@ -475,7 +207,7 @@ class Writer:
         """Appends a tensor: ``add(name, array)``, or ``add(array)`` in a positional list."""
         self._check_open()
         name, value = (name_or_value, value) if value is not None else (None, name_or_value)
-        item = _Item(name, value, lambda: f"{self.path}: tensor {name if name is not None else len(self._entries)!r}")
+        item = Item(name, value, lambda: f"{self.path}: tensor {name if name is not None else len(self._entries)!r}")
         offset, e = self._entry(name, item.shape, item.dtype, item.nbytes)
         try:
             crcs = _lowlevel.write_items(self._fd, [item.array], [offset], [item.swap], self._end,
@@ -525,7 +257,7 @@ class Writer:
             return
         self._check_open()
         try:
-            length = _align(self._end, self.alignment)
+            length = align(self._end, self.alignment)
             for idx, arr, sync in self._reserved:
                 if sync is not None:
                     sync()
@@ -534,8 +266,8 @@ class Writer:
             _lowlevel.preallocate(self._fd, length, self._commit.data_tmp) if length else None
             self._commit.finish_data()
             self._fd = None
-            desc = _descriptor(self._entries, self._commit.data_name, 0, length, self.metadata, self.lamp)
-            self._commit.commit(_descriptor_text(desc, self.lamp))
+            desc = descriptor(self._entries, self._commit.data_name, 0, length, self.metadata, self.lamp)
+            self._commit.commit(descriptor_text(desc, self.lamp))
         except BaseException:
             self.abort()
             raise
@@ -601,15 +333,15 @@ def write_data(data_path, lists: Sequence, *, alignment: int = DEFAULT_ALIGNMENT
     Returns:
         One TensorList descriptor (a JSON-ready dict) per list, in order.
     """
-    alignment = MIN_TENSOR_ALIGNMENT if lamp else _check_alignment(alignment)
+    alignment = MIN_TENSOR_ALIGNMENT if lamp else check_alignment(alignment)
     data_path = os.path.abspath(_backends.localize(os.fspath(data_path)))
     prepared, metas = [], []
     for i, lst in enumerate(lists):
         meta = None
         if isinstance(lst, Tensors):
             lst, meta = lst.tensors, lst.metadata
-        prepared.append(_items(lst, f"{data_path}: list {i}")[0])
-        metas.append(_check_metadata(meta, lamp))
+        prepared.append(prepare(lst, f"{data_path}: list {i}")[0])
+        metas.append(check_metadata(meta, lamp))
     with atomic_file(data_path, durable) as tmp:
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
         try:
@@ -618,7 +350,7 @@ def write_data(data_path, lists: Sequence, *, alignment: int = DEFAULT_ALIGNMENT
             os.close(fd)
     loc = location if location is not None else os.path.basename(data_path)
     return [
-        _descriptor(_tensor_entries(items, offs, crcs, lamp), loc, start, length, meta, lamp)
+        descriptor(tensor_entries(items, offs, crcs, lamp), loc, start, length, meta, lamp)
         for items, meta, (start, offs, length, crcs) in zip(prepared, metas, layout)
     ]
 
@@ -643,7 +375,7 @@ def save_document(path, document: Any, *, alignment: int = DEFAULT_ALIGNMENT, ch
         >>> tensorlist.load(path, pointer="/optimizer")["0"].sum()
         np.float64(4.0)
     """
-    _check_alignment(alignment)
+    check_alignment(alignment)
     if _backends.is_remote(path):
         return _backends.dispatch("save_document", path)(path, document, alignment=alignment, checksum=checksum,
                                                          durable=durable, threads=threads)
@@ -654,7 +386,7 @@ def save_document(path, document: Any, *, alignment: int = DEFAULT_ALIGNMENT, ch
         raise ValueError(f"{os.fspath(path)}: the document must be strict JSON: {e.reason}"
                          + (f" at {e.field}" if e.field not in (None, "/") else "")) from None
     found: List[Tuple[str, Tensors]] = [(p, v) for p, v in walk(document) if isinstance(v, Tensors)]
-    prepared = [(_items(t.tensors, f"{path}: {p or '/'}")[0], _check_metadata(t.metadata, False))
+    prepared = [(prepare(t.tensors, f"{path}: {p or '/'}")[0], check_metadata(t.metadata, False))
                 for p, t in found]
     commit = Commit(path, lamp=False, durable=durable)
     try:
@@ -663,7 +395,7 @@ def save_document(path, document: Any, *, alignment: int = DEFAULT_ALIGNMENT, ch
                               commit.data_tmp, False)
         commit.finish_data()
         descs = {
-            p: _descriptor(_tensor_entries(items, offs, crcs, False), commit.data_name, start, length, meta, False)
+            p: descriptor(tensor_entries(items, offs, crcs, False), commit.data_name, start, length, meta, False)
             for (p, _), (items, meta), (start, offs, length, crcs) in zip(found, prepared, layout)
         }
         written = _replace(document, "", descs)

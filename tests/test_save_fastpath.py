@@ -1,6 +1,6 @@
 """The save path's fast paths give exactly what the plain code gives.
 
-writer._items inlines the common case, _layout vectorizes the offsets of long
+_items.prepare inlines the common case, _items.layout vectorizes the offsets of long
 lists, _fast_descriptor_text writes the descriptor without building dicts, and
 _lowlevel.write_items gathers small buffers with one bytes.join: each is
 checked here against the straightforward computation it replaces.
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tensorlist import _lowlevel, writer
+from tensorlist import _items, _lowlevel
 
 DTYPES = [np.float32, np.int8, np.complex128, np.bool_, np.float64, np.uint16, ">f4", ">i8", ">c8"]
 NAMES = ["w", "ü é", 'q"uote', "back\\slash", "ctl\x01\n\t", "emoji 😀", '},{"x', "", "\x7f"]
@@ -20,7 +20,7 @@ NAMES = ["w", "ü é", 'q"uote', "back\\slash", "ctl\x01\n\t", "emoji 😀", '},
 
 def _plain_item(name, value):
     """What _Item.__init__ makes, attribute by attribute."""
-    it = writer._Item(name, value, lambda: "test")
+    it = _items.Item(name, value, lambda: "test")
     return (it.name, it.dtype, it.swap, it.shape, it.nbytes, it.array.tobytes(), it.array.flags.c_contiguous)
 
 
@@ -49,20 +49,20 @@ values = st.one_of(arrays, arrays.map(lambda a: a.tolist() if a.dtype.kind in "i
 @given(vals=st.lists(values, max_size=80), named=st.booleans(), alignment=st.sampled_from([8, 16, 64, 4096]))
 def test_items_and_layout_match_the_plain_code(vals, named, alignment):
     tensors = {f"t{i}": v for i, v in enumerate(vals)} if named else vals
-    items, is_named = writer._items(tensors, "x")
+    items, is_named = _items.prepare(tensors, "x")
     assert is_named == named
     expect = [_plain_item(f"t{i}" if named else None, v) for i, v in enumerate(vals)]
     got = [(it.name, it.dtype, it.swap, it.shape, it.nbytes, it.array.tobytes(), it.array.flags.c_contiguous)
            for it in items]
     assert got == expect
-    assert writer._layout(items, 0, alignment) == _plain_layout(items, alignment)
+    assert _items.layout(items, 0, alignment) == _plain_layout(items, alignment)
 
 
 def test_layout_of_a_long_list_with_zero_sizes_and_wide_items():
     vals = [np.zeros(n % 5, dtype=[np.float32, np.complex128, np.int8][n % 3]) for n in range(500)]
-    items, _ = writer._items(vals, "x")
+    items, _ = _items.prepare(vals, "x")
     for alignment in (8, 16, 32, 64, 1 << 20):
-        assert writer._layout(items, 0, alignment) == _plain_layout(items, alignment)
+        assert _items.layout(items, 0, alignment) == _plain_layout(items, alignment)
 
 
 @settings(max_examples=100, deadline=None)
@@ -76,11 +76,11 @@ def test_layout_of_a_long_list_with_zero_sizes_and_wide_items():
 def test_fast_descriptor_text_is_the_dict_path_text(shapes, names, named, with_crc, metadata):
     arrs = [np.zeros(s, dtype=DTYPES[i % len(DTYPES)]) for i, s in enumerate(shapes)]
     tensors = {f"{names[i % len(names)] if names else ''}#{i}": a for i, a in enumerate(arrs)} if named else arrs
-    items, _ = writer._items(tensors, "x")
-    offsets, length = writer._layout(items, 0, 64)
+    items, _ = _items.prepare(tensors, "x")
+    offsets, length = _items.layout(items, 0, 64)
     crcs = [(i * 2654435761) % (1 << 32) for i in range(len(items))] if with_crc else None
-    fast = writer._fast_descriptor_text(items, offsets, crcs, "m.tl.0123abcd.data", length, metadata)
-    slow = writer._descriptor_text(writer._descriptor(writer._tensor_entries(items, offsets, crcs, False),
+    fast = _items.fast_descriptor_text(items, offsets, crcs, "m.tl.0123abcd.data", length, metadata)
+    slow = _items.descriptor_text(_items.descriptor(_items.tensor_entries(items, offsets, crcs, False),
                                                       "m.tl.0123abcd.data", 0, length, metadata, False), False)
     assert fast == slow
 
@@ -140,7 +140,7 @@ def test_save_of_a_long_list_leaves_the_garbage_collector_as_it_was(tmp_path):
 
     import tensorlist
 
-    tensors = {f"t{i}": np.full(2, i, np.float32) for i in range(writer._GC_PAUSE_MIN)}
+    tensors = {f"t{i}": np.full(2, i, np.float32) for i in range(_items.GC_PAUSE_MIN)}
     assert gc.isenabled()
     tensorlist.save(tmp_path / "a.tl", tensors, durable=False)
     assert gc.isenabled()
