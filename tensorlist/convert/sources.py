@@ -327,7 +327,10 @@ def _open_npy(path: str) -> Source:
             raise FormatError(f"has {size - offset} data bytes, but its header's shape {shape} needs {need} "
                               "(truncated?)", file=path)
         order = "F" if fortran else "C"
-        a = np.memmap(f, dt, mode="r", offset=offset, shape=shape, order=order) if need else np.empty(shape, dt, order=order)
+        if need:
+            a = np.memmap(f, dt, mode="r", offset=offset, shape=shape, order=order)
+        else:  # mmap cannot map zero bytes
+            a = np.empty(shape, dt, order=order)
     return Source(path, "npy", [Entry("0", row, shape, lambda: a)], False, None)
 
 
