@@ -4,6 +4,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -350,3 +351,48 @@ def test_read_dataset_params_from_every_form(tmp_path):
     path.write_text(json.dumps({"metadata": {"dataset_params": dict(data, content_hash={"method": "x"})}}))
     with pytest.raises(FormatError, match=r"field 'metadata.dataset_params.content_hash.sha256': missing"):
         read_dataset_params(path)
+
+
+# --- files and nesting, through the package's shared rules ----------------------------
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs os.mkfifo")
+def test_read_training_record_refuses_special_files_without_blocking(tmp_path):
+    """A FIFO (which a plain open would wait on forever) or a directory is not a record file."""
+    os.mkfifo(tmp_path / "pipe.json")
+    with pytest.raises(FormatError, match="not a regular file: it is a FIFO") as info:
+        read_training_record(tmp_path / "pipe.json")
+    assert info.value.file == str(tmp_path / "pipe.json")
+    with pytest.raises(FormatError, match="not a regular file: it is a directory"):
+        read_dataset_params(tmp_path)
+
+
+def test_read_training_record_caps_the_file_size(tmp_path):
+    """A file above the descriptor size cap is refused before it is read (a sparse file here)."""
+    from tensorlist.format import Limits
+
+    path = tmp_path / "huge.json"
+    with open(path, "wb") as f:
+        f.truncate(Limits().max_descriptor_bytes + 1)
+    with pytest.raises(FormatError, match="above the limit"):
+        read_training_record(path)
+
+
+def test_nesting_past_the_limit_is_an_error_not_a_recursion_error():
+    """Values nested past _jsonio.MAX_DEPTH (or holding themselves) are refused, naming the field."""
+    from tensorlist._jsonio import MAX_DEPTH
+
+    deep = 1.0
+    for _ in range(MAX_DEPTH + 50):
+        deep = {"a": deep}
+    record = full_record()
+    record["solver"]["solver_params"]["deep"] = deep
+    with pytest.raises(FormatError, match="nests deeper than") as info:
+        read_training_record(record)
+    assert info.value.field.startswith("solver.solver_params.deep.a.a")
+    loop = []
+    loop.append(loop)
+    with pytest.raises(FormatError, match="nests deeper than") as info:
+        spec(functools.partial(print, loop))
+    assert info.value.field.startswith("object.args[0][0]")
+    with pytest.raises(TypeError, match="nests deeper than"):
+        history([loop], 1)
