@@ -26,7 +26,7 @@ from .format import FORMAT_VERSION, MAX_ALIGNMENT, MIN_TENSOR_ALIGNMENT
 
 __all__ = ["Item", "prepare", "layout", "align", "check_alignment", "check_metadata", "check_names",
            "tensor_entries", "descriptor", "descriptor_text", "fast_descriptor_text", "GCPaused", "known_len",
-           "as_array", "dtype_info", "GC_PAUSE_MIN"]
+           "as_array", "dtype_info", "GC_PAUSE_MIN", "EntryBook", "reserved_shape"]
 
 _LITTLE_HOST = sys.byteorder == "little"
 
@@ -282,16 +282,87 @@ def descriptor_text(desc: Dict[str, Any], lamp: bool) -> str:
     return f'{{"formatVersion":{desc["formatVersion"]},"tensors":[{body}],{rest[1:]}\n'
 
 
-def check_metadata(metadata, lamp: bool):
+def check_metadata(metadata, lamp: bool, depth: int = 2):
+    """``metadata`` if strict JSON that reads back where it goes.
+
+    ``depth``: the nesting level the value sits at in the written document (2
+    in a descriptor file: inside the list object), counted against MAX_DEPTH.
+    """
     if metadata is None:
         return None
     if lamp:
         raise ValueError("lamp=True writes exactly what lamp writes: metadata cannot be stored")
     try:
-        check_json(metadata)
+        check_json(metadata, depth=depth)
     except FormatError as e:
         raise ValueError(f"metadata must be strict JSON (str keys, no NaN/Infinity): {e.reason}"
                          + (f" at {e.field}" if e.field not in (None, "/") else "")) from None
     return metadata
 
 
+
+
+class EntryBook:
+    """The tensor entries of a list written one tensor at a time (``Writer``, local or remote).
+
+    One place for the streaming writers' rules: a list is all named or all
+    positional, names are str, unique and UTF-8, each tensor starts at the
+    next multiple of the alignment (and of its item size), lamp entries have
+    lamp's keys.
+    """
+
+    def __init__(self, alignment: int, lamp: bool, where: str):
+        self.alignment = alignment
+        self.lamp = lamp
+        self.where = where
+        self.entries: List[Dict[str, Any]] = []
+        self.names: set = set()
+        self.named: Optional[bool] = None
+        self.end = 0
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def next(self, name: Optional[str], shape, dtype: _dtypes.DType, nbytes: int) -> Tuple[int, Dict[str, Any]]:
+        """(offset, entry) for the next tensor; the entry is added with :meth:`append`."""
+        named = name is not None
+        if self.named is None:
+            self.named = named
+        elif self.named != named:
+            raise TypeError("a list is either all named or all positional: "
+                            + ("pass a name" if self.named else "do not pass names"))
+        if named:
+            if not isinstance(name, str):
+                raise TypeError(f"tensor names must be str, got {name!r}")
+            if name in self.names:
+                raise ValueError(f"duplicate tensor name {name!r}")
+            check_names([name], self.where)
+        offset = align(self.end, max(self.alignment, dtype.itemsize))
+        e: Dict[str, Any] = {}
+        if named and not self.lamp:
+            e["name"] = name
+        if shape or not self.lamp:
+            e["dims"] = list(shape)
+        e["dataType"] = dtype.code
+        e["byteOffset"] = offset
+        e["byteLength"] = nbytes
+        return offset, e
+
+    def append(self, entry: Dict[str, Any], name: Optional[str] = None) -> None:
+        if name is not None:
+            self.names.add(name)
+        self.entries.append(entry)
+        self.end = entry["byteOffset"] + entry["byteLength"]
+
+    def length(self) -> int:
+        """The list's padded byteLength."""
+        return align(self.end, self.alignment)
+
+
+def reserved_shape(shape, dtype) -> Tuple[Tuple[int, ...], _dtypes.DType, int]:
+    """(shape, dtype row, nbytes) of a ``reserve`` call, checked."""
+    shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(int(d) for d in shape)
+    if any(d < 0 for d in shape):
+        raise ValueError(f"negative dimension in {shape}")
+    dt = _dtypes.from_numpy(dtype)
+    return shape, dt, int(np.prod(shape, dtype=object)) * dt.itemsize

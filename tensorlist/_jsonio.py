@@ -103,7 +103,7 @@ def dumps(obj: Any) -> str:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
-def check_json(value: Any, where: str = "", *, file=None, skip: tuple = ()) -> None:
+def check_json(value: Any, where: str = "", *, file=None, skip: tuple = (), depth: int = 1) -> None:
     """Refuses, before anything is written, a value that strict JSON cannot hold exactly.
 
     Non-str keys (``json.dumps`` would write ``1`` and ``"1"`` both as ``"1"``,
@@ -112,11 +112,12 @@ def check_json(value: Any, where: str = "", *, file=None, skip: tuple = ()) -> N
     int, float, str, list, tuple and dict, and nesting past MAX_DEPTH (it could
     not be read back). Iterative. Values of a
     type in ``skip`` are not looked into (placeholders the caller replaces).
+    ``depth`` is the nesting level ``value`` will sit at in the written document.
 
     Raises:
         FormatError: naming the field (a JSON pointer below ``where``).
     """
-    stack: List[Tuple[str, Any, int]] = [(where, value, 1)]
+    stack: List[Tuple[str, Any, int]] = [(where, value, depth)]
     while stack:
         at, v, depth = stack.pop()
         if v is None or isinstance(v, (bool, int)) or (skip and isinstance(v, skip)):

@@ -16,10 +16,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import _backends, _dtypes, _lowlevel
+from . import _backends, _lowlevel
 from ._commit import Commit, atomic_file
-from ._items import (GCPaused, Item, align, check_alignment, check_metadata, check_names, descriptor,
-                     descriptor_text, fast_descriptor_text, known_len, prepare, tensor_entries)
+from ._items import (EntryBook, GCPaused, Item, align, check_alignment, check_metadata, descriptor,
+                     descriptor_text, fast_descriptor_text, known_len, prepare, reserved_shape, tensor_entries)
 from ._items import layout as place
 from ._jsonio import check_json, dumps, escape_pointer, resolve_pointer, walk
 from .errors import FormatError
@@ -160,10 +160,7 @@ class Writer:
         self.threads = threads
         self._commit = Commit(_backends.localize(os.fspath(path)), lamp=lamp, durable=durable)
         self._fd = self._commit.open_data()
-        self._entries: List[Dict[str, Any]] = []
-        self._names: set = set()
-        self._named: Optional[bool] = None
-        self._end = 0
+        self._book = EntryBook(self.alignment, lamp, self._commit.path)
         self._reserved: List[Tuple[int, np.ndarray, Any]] = []  # (entry index, array, sync)
         self._state = "open"
 
@@ -172,45 +169,20 @@ class Writer:
         return self._commit.path
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._book)
 
     def _check_open(self):
         if self._state != "open":
             raise ValueError(f"Writer for {self.path} is {self._state}")
 
-    def _entry(self, name: Optional[str], item_shape, dtype: _dtypes.DType, nbytes: int) -> Tuple[int, Dict]:
-        named = name is not None
-        if self._named is None:
-            self._named = named
-        elif self._named != named:
-            raise TypeError("a list is either all named or all positional: "
-                            + ("pass a name" if self._named else "do not pass names"))
-        if named:
-            if not isinstance(name, str):
-                raise TypeError(f"tensor names must be str, got {name!r}")
-            if name in self._names:
-                raise ValueError(f"duplicate tensor name {name!r}")
-            check_names([name], self.path)
-            self._names.add(name)
-        offset = align(self._end, max(self.alignment, dtype.itemsize))
-        e: Dict[str, Any] = {}
-        if named and not self.lamp:
-            e["name"] = name
-        if item_shape or not self.lamp:
-            e["dims"] = list(item_shape)
-        e["dataType"] = dtype.code
-        e["byteOffset"] = offset
-        e["byteLength"] = nbytes
-        return offset, e
-
     def add(self, name_or_value, value=None) -> None:
         """Appends a tensor: ``add(name, array)``, or ``add(array)`` in a positional list."""
         self._check_open()
         name, value = (name_or_value, value) if value is not None else (None, name_or_value)
-        item = Item(name, value, lambda: f"{self.path}: tensor {name if name is not None else len(self._entries)!r}")
-        offset, e = self._entry(name, item.shape, item.dtype, item.nbytes)
+        item = Item(name, value, lambda: f"{self.path}: tensor {name if name is not None else len(self._book)!r}")
+        offset, e = self._book.next(name, item.shape, item.dtype, item.nbytes)
         try:
-            crcs = _lowlevel.write_items(self._fd, [item.array], [offset], [item.swap], self._end,
+            crcs = _lowlevel.write_items(self._fd, [item.array], [offset], [item.swap], self._book.end,
                                          offset + item.nbytes, crc=self.checksum, fsync=False, sparse=True,
                                          threads=self.threads, path=self._commit.data_tmp,
                                          writeback=self._commit.durable)
@@ -219,8 +191,7 @@ class Writer:
             raise
         if crcs is not None:
             e["crc32c"] = crcs[0]
-        self._entries.append(e)
-        self._end = offset + item.nbytes
+        self._book.append(e, name)
 
     def reserve(self, name_or_shape, shape=None, dtype=None) -> np.ndarray:
         """Reserves a tensor and returns a writable array mapped into the data file.
@@ -233,12 +204,8 @@ class Writer:
             name, shape, dtype = None, name_or_shape, shape
         else:
             name = name_or_shape
-        shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(int(d) for d in shape)
-        if any(d < 0 for d in shape):
-            raise ValueError(f"negative dimension in {shape}")
-        dt = _dtypes.from_numpy(dtype)
-        nbytes = int(np.prod(shape, dtype=object)) * dt.itemsize
-        offset, e = self._entry(name, shape, dt, nbytes)
+        shape, dt, nbytes = reserved_shape(shape, dtype)
+        offset, e = self._book.next(name, shape, dt, nbytes)
         if nbytes == 0:
             arr = np.empty(shape, dtype=dt.numpy)
             sync = None
@@ -246,9 +213,8 @@ class Writer:
             _lowlevel.preallocate(self._fd, offset + nbytes, self._commit.data_tmp)
             view, sync = _lowlevel.map_writable(self._fd, offset, nbytes, self._commit.data_tmp)
             arr = np.frombuffer(view, dtype=dt.numpy).reshape(shape)
-        self._reserved.append((len(self._entries), arr, sync))
-        self._entries.append(e)
-        self._end = offset + nbytes
+        self._reserved.append((len(self._book), arr, sync))
+        self._book.append(e, name)
         return arr
 
     def close(self) -> None:
@@ -257,16 +223,16 @@ class Writer:
             return
         self._check_open()
         try:
-            length = align(self._end, self.alignment)
+            length = self._book.length()
             for idx, arr, sync in self._reserved:
                 if sync is not None:
                     sync()
                 if self.checksum:
-                    self._entries[idx]["crc32c"] = _lowlevel.crc32c(arr.reshape(-1).view(np.uint8)) if arr.size else 0
+                    self._book.entries[idx]["crc32c"] = _lowlevel.crc32c(arr.reshape(-1).view(np.uint8)) if arr.size else 0
             _lowlevel.preallocate(self._fd, length, self._commit.data_tmp) if length else None
             self._commit.finish_data()
             self._fd = None
-            desc = descriptor(self._entries, self._commit.data_name, 0, length, self.metadata, self.lamp)
+            desc = descriptor(self._book.entries, self._commit.data_name, 0, length, self.metadata, self.lamp)
             self._commit.commit(descriptor_text(desc, self.lamp))
         except BaseException:
             self.abort()
@@ -386,8 +352,9 @@ def save_document(path, document: Any, *, alignment: int = DEFAULT_ALIGNMENT, ch
         raise ValueError(f"{os.fspath(path)}: the document must be strict JSON: {e.reason}"
                          + (f" at {e.field}" if e.field not in (None, "/") else "")) from None
     found: List[Tuple[str, Tensors]] = [(p, v) for p, v in walk(document) if isinstance(v, Tensors)]
-    prepared = [(prepare(t.tensors, f"{path}: {p or '/'}")[0], check_metadata(t.metadata, False))
-                for p, t in found]
+    # a list's metadata sits inside the list object, which sits at its pointer's depth
+    prepared = [(prepare(t.tensors, f"{path}: {p or '/'}")[0],
+                 check_metadata(t.metadata, False, depth=p.count("/") + 2)) for p, t in found]
     commit = Commit(path, lamp=False, durable=durable)
     try:
         fd = commit.open_data()

@@ -420,3 +420,33 @@ def test_the_sweep_does_not_block_on_a_fifo_named_like_a_leftover(tmp_path):
         print(tl.load({str(tmp_path / 'm.tl')!r})["w"].sum())
         """, timeout=30)
     assert r.returncode == 0 and r.stdout.strip() == "0.0", r.stderr
+
+
+@pytest.mark.parametrize("where", ["save", "Writer", "save_document-top", "save_document-nested"])
+def test_metadata_depth_counts_where_it_sits_in_the_file(tmp_path, where):
+    from tensorlist._jsonio import MAX_DEPTH
+
+    def nested(levels):
+        v = []
+        for _ in range(levels - 1):
+            v = [v]
+        return v
+
+    def write(meta):
+        if where == "save":
+            tl.save(tmp_path / "m.tl", [np.ones(1)], metadata=meta)
+        elif where == "Writer":
+            with tl.Writer(tmp_path / "m.tl", metadata=meta) as w:
+                w.add(np.ones(1))
+        elif where == "save_document-top":
+            tl.save_document(tmp_path / "m.tl", tl.Tensors([np.ones(1)], metadata=meta))
+        else:
+            tl.save_document(tmp_path / "m.tl", {"a": [{"b": tl.Tensors([np.ones(1)], metadata=meta)}]})
+
+    inside = 3 if where == "save_document-nested" else 0  # {"a": [{"b": list}]} puts the list 3 levels down
+    fits = MAX_DEPTH - 1 - inside  # the list object is one level, its metadata value the next
+    write(nested(fits))
+    tl.validate(tmp_path / "m.tl")
+    tl.load_document(tmp_path / "m.tl")
+    with pytest.raises(ValueError, match="deeper than"):
+        write(nested(fits + 1))
