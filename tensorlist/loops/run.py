@@ -87,8 +87,8 @@ class Run:
             validation = {"loader": stream_settings(cfg.validation), "every": cfg.validation_frequency}
         sched = cfg.lr_scheduler if cfg.lr_scheduler is not None else cfg.schedule
         self.recorder = TrainingRecorder(
-            self.module, cfg.optimizer, loss=getattr(cfg.step, "loss_fn", None), train_loader=stream_settings(cfg.train),
-            epochs=cfg.epochs_asked, scheduler=sched, scheduler_step="epoch", seed=cfg.seed,
+            self.module, cfg.optimizer, loss=getattr(cfg.step, "loss_fn", None),
+            train_loader=stream_settings(cfg.train), epochs=cfg.epochs_asked, scheduler=sched, scheduler_step="epoch", seed=cfg.seed,
             initial_weights=cfg.initial_weights, validation=validation, solver=cfg.solver,
             solver_params=dict(cfg.solver_params),
         )
@@ -174,11 +174,11 @@ class Run:
                 raise ValueError(f"{path}: numberOfAveragedModels > 0 but no averagedModels")
             _check_model(self.module, averaged, path + " (averagedModels)")
 
+        if "training" in doc:
+            self.recorder.resume(doc["training"])  # first: it reads (and checks) the training record
         self.base_lrs = list(ext["baseLearningRates"])
         if cfg.lr_scheduler is not None:
             cfg.lr_scheduler.load_state_dict(ext["lrScheduler"])
-        if "training" in doc:
-            self.recorder.resume(doc["training"])
         _load_model(self.module, phase["model"])
         cfg.optimizer.load_state_dict(opt_sd)
         state.max_epochs = cfg.epochs_of(kind)
@@ -293,7 +293,8 @@ class Run:
         """Whether the epoch ``state.epoch`` is validated."""
         return self.cfg.validation is not None and state.epoch % self.cfg.validation_frequency == 0
 
-    def validate_epoch(self, state: State, ctx: TrainingLoopContext, smoothing: Optional[float]) -> Tuple[float, float]:
+    def validate_epoch(self, state: State, ctx: TrainingLoopContext,
+                       smoothing: Optional[float]) -> Tuple[float, float]:
         """Validates, smooths (``raw * a + last * (1 - a)`` unless ``smoothing`` is None) and reports.
 
         Sets the state's losses, calls the validation callback once with the
