@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import Any, Dict, Iterator, List, Optional, Union
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Union
 
 import numpy as np
 
@@ -81,6 +81,10 @@ class TensorMapping:
 
     def get(self, key, default=None):
         return self[key] if key in self else default
+
+    def get_many(self, keys: Iterable) -> Dict[Any, np.ndarray]:
+        """Several tensors, keyed as given (``RemoteReader`` fetches them in one batch of reads)."""
+        return {k: self[k] for k in keys}
 
     def __enter__(self) -> "Reader":
         return self

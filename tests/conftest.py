@@ -80,7 +80,8 @@ def s3():
         # one made for an earlier module's server would still talk to that (stopped) server
         s3fs.S3FileSystem.clear_instance_cache()
         fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": endpoint})
-        fs.mkdir(S3_BUCKET)
+        # moto keeps its buckets in this process, across servers: an earlier module's may be here
+        fs.makedirs(S3_BUCKET, exist_ok=True)
         yield {"fs": fs, "endpoint": endpoint, "env": env, "bucket": S3_BUCKET}
     finally:
         server.stop()
