@@ -177,7 +177,18 @@ class RemoteReader(TensorMapping):
             groups.append([i])
         starts = [base + table.offsets[g[0]] for g in groups]
         ends = [base + table.offsets[g[-1]] + table.lengths[g[-1]] for g in groups]
-        blobs = self._ranges(starts, ends) if groups else []
+        try:
+            blobs = self._ranges(starts, ends) if groups else []
+        except RemoteError as e:
+            # S3 answers a range past the end with 416, not with fewer bytes: say "truncated"
+            # as the local pread reader and the short-read check below do
+            size = self._size_now()
+            for g, end in zip(groups, ends):
+                if size is not None and end > size:
+                    raise FormatError(f"data object was truncated while reading ({size} bytes left, "
+                                      f"{end} needed)", file=self.path, tensor_index=g[0],
+                                      tensor_name=table[g[0]].name) from e
+            raise
         got: Dict[int, memoryview] = {}
         for g, s, e, b in zip(groups, starts, ends, blobs):
             if isinstance(b, BaseException):
@@ -199,6 +210,17 @@ class RemoteReader(TensorMapping):
                 a.flags.writeable = False
                 out.append(a)
         return out
+
+    def _size_now(self) -> Optional[int]:
+        """The data object's size as the store sees it now (not fsspec's cached listing), or None."""
+        try:
+            self.fs.invalidate_cache(self.data_path)
+        except Exception:
+            pass
+        try:
+            return self.fs.size(self.data_path)
+        except Exception:
+            return None
 
     def _ranges(self, starts: List[int], ends: List[int]) -> list:
         """The byte ranges of the data object, fetched concurrently."""
