@@ -1,0 +1,431 @@
+"""torch.distributed.checkpoint (DCP) storage on tensorlist files, with no pickle anywhere.
+
+:class:`TensorListWriter` and :class:`TensorListReader` plug into
+``dcp.save``, ``dcp.async_save`` and ``dcp.load`` in place of DCP's
+``FileSystemWriter``/``FileSystemReader``. DCP still plans: it deduplicates
+replicated tensors when saving and reshards when loading (a checkpoint saved
+on 4 ranks loads on 1, 2 or 3, as plain tensors, DTensors or FSDP2 shards).
+What changes is the storage (docs/FORMAT.md, "Distributed checkpoints (DCP)"):
+
+- each rank writes its chunks as one TensorList, ``<rank>.<saveId>.tl``, with
+  ``tensorlist.save`` (atomic and durable: data file, fsync, descriptor); a
+  chunk is a tensor named ``<fqn>@<offsets>``, loaded back through a
+  zero-copy memory map instead of one ``torch.load`` per chunk;
+- non-tensor values (DCP's bytes entries) are stored as JSON in uint8
+  tensors; values JSON cannot hold are refused (a TypeError naming the key)
+  unless the caller opts in with ``allow_pickle=True``;
+- the coordinator writes the global metadata last, as JSON
+  (``.metadata.json``, checked against ``schemas/dcp-metadata.schema.json``
+  before it is written and when read), with ``_commit.atomic_file``: that
+  rename is the commit point. Every save draws a fresh ``saveId``, so a save
+  killed before its commit leaves the previous checkpoint in the same
+  directory intact; the next committed save deletes what older saves left.
+
+Checkpoints are read without torch too: :func:`read_full` and
+:func:`validate_checkpoint` come from :mod:`tensorlist.dcp_read`.
+
+Imports torch (an adapter), ``dcp_read``, ``writer``, ``_torch_bridge``,
+``_commit``, ``_backends``, ``_jsonio`` and ``errors``. Nothing in the package
+imports this module.
+
+Example:
+    >>> import torch, tempfile, torch.distributed.checkpoint as dcp
+    >>> from tensorlist.dcp import TensorListWriter, TensorListReader, read_full
+    >>> ckpt = tempfile.mkdtemp()
+    >>> sd = {"w": torch.arange(6.0).reshape(2, 3), "step": 7}
+    >>> _ = dcp.save(sd, storage_writer=TensorListWriter(ckpt))
+    >>> back = {"w": torch.zeros(2, 3), "step": 0}
+    >>> dcp.load(back, storage_reader=TensorListReader(ckpt))
+    >>> back["w"][1].tolist(), back["step"], read_full(ckpt)["w"].sum()
+    ([3.0, 4.0, 5.0], 7, np.float32(15.0))
+"""
+from __future__ import annotations
+
+import dataclasses
+import io
+import os
+import secrets
+import warnings
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+import torch
+from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkStorageMetadata, Metadata,
+                                                   MetadataIndex, StorageMeta, TensorProperties,
+                                                   TensorStorageMetadata)
+from torch.distributed.checkpoint.planner import (LoadItemType, LoadPlan, LoadPlanner, SavePlan, SavePlanner,
+                                                  WriteItem, WriteItemType)
+from torch.distributed.checkpoint.staging import BlockingAsyncStager
+from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
+from torch.futures import Future
+
+from . import _backends, _dtypes
+from ._commit import atomic_file
+from ._jsonio import dumps, from_tagged, to_tagged
+from ._torch_bridge import from_numpy, to_numpy, torch_dtype
+from .dcp_read import (METADATA_NAME, Checkpoint, Shards, StorageEntry, TensorMeta, bytes_key, encode_value,
+                       is_save_file, join, metadata_document, parse_metadata, read_full, read_metadata, shard_name,
+                       tensor_key, validate_checkpoint)
+from .errors import FormatError
+from .format import Limits
+from .writer import save
+
+__all__ = ["TensorListWriter", "TensorListReader", "read_full", "validate_checkpoint", "Checkpoint"]
+
+#: DCP's ``Metadata.version`` written with each checkpoint (DCP's FileSystemWriter writes the same).
+DCP_VERSION = "1.0.0"
+
+_MEMORY_FORMATS = {torch.contiguous_format: "contiguous_format", torch.channels_last: "channels_last",
+                   torch.preserve_format: "preserve_format"}
+
+
+@dataclasses.dataclass(frozen=True)
+class _ShardFile:
+    """A rank's place in one save (``SavePlan.storage_data``, set by the coordinator)."""
+
+    name: str
+    save_id: str
+
+
+def _fs(url: str):
+    import fsspec
+
+    return fsspec.core.url_to_fs(url)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _tensor_meta(fqn: str, md: TensorStorageMetadata) -> TensorMeta:
+    p = md.properties
+    memory_format = _MEMORY_FORMATS.get(p.memory_format)
+    if memory_format is None:
+        raise TypeError(f"state dict tensor {fqn!r}: memory format {p.memory_format} cannot be recorded")
+    return TensorMeta(fqn, _dtype_name(p.dtype), tuple(md.size),
+                      tuple((tuple(c.offsets), tuple(c.sizes)) for c in md.chunks),
+                      bool(p.requires_grad), memory_format, bool(p.pin_memory), str(p.layout).removeprefix("torch."))
+
+
+def _planner_json(data: Any) -> Any:
+    """The planner data as tagged JSON, or None (with a warning) when it is not JSON."""
+    if data is None:
+        return None
+    try:
+        tagged = to_tagged(data, "planner_data")
+        dumps(tagged).encode("utf-8")
+        return tagged
+    except (TypeError, ValueError) as e:
+        warnings.warn(f"the save planner's planner_data is not JSON and is not stored ({e})", stacklevel=3)
+        return None
+
+
+class TensorListWriter(StorageWriter, BlockingAsyncStager):
+    """A DCP ``StorageWriter`` that saves each rank's chunks as a TensorList and the metadata as JSON.
+
+    Use it as ``dcp.save(state_dict, storage_writer=TensorListWriter(path))``
+    or with ``dcp.async_save`` (it is its own stager: state dict copied to CPU
+    memory before ``async_save`` returns). One save per directory at a time;
+    a new save replaces the checkpoint in ``path`` atomically.
+
+    Args:
+        path: the checkpoint directory (created if missing), or an fsspec URL.
+        allow_pickle: store non-tensor values that JSON cannot hold with
+            ``torch.save`` (a pickle; loading them needs
+            ``TensorListReader(..., allow_pickle=True)``). Off by default:
+            such a value is refused with a TypeError naming its key.
+        durable: fsync the shard files, the metadata and the directory.
+        overwrite: replace an existing checkpoint in ``path`` (else RuntimeError).
+        checksum: store a CRC32C per chunk.
+        threads: writer threads per rank (default: usable cores, at most 8).
+        cache_staged_state_dict: for ``async_save``: keep the CPU copy between
+            saves and copy into it (no fresh allocation per save; pinned where
+            CUDA is available).
+
+    Raises (from ``dcp.save``, wrapped by DCP in a CheckpointException):
+        TypeError: a non-tensor value is not JSON, or a tensor cannot be
+            stored (sparse, quantized, a dtype without a tensorlist code).
+    """
+
+    def __init__(self, path, *, allow_pickle: bool = False, durable: bool = True, overwrite: bool = True,
+                 checksum: bool = True, threads: Optional[int] = None, cache_staged_state_dict: bool = False):
+        StorageWriter.__init__(self)
+        BlockingAsyncStager.__init__(self, cache_staged_state_dict=cache_staged_state_dict)
+        self.path = os.fspath(path)
+        self.allow_pickle = allow_pickle
+        self.durable = durable
+        self.overwrite = overwrite
+        self.checksum = checksum
+        self.threads = threads
+        self.rank = 0
+        self.is_coordinator = True
+        self.save_id: Optional[str] = None
+
+    # --- DCP's StorageWriter protocol ----------------------------------------------
+    def reset(self, checkpoint_id=None) -> None:
+        if checkpoint_id is not None:
+            self.path = os.fspath(checkpoint_id)
+        self.save_id = None
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id) -> bool:
+        return isinstance(checkpoint_id, (str, os.PathLike))
+
+    @property
+    def checkpoint_id(self) -> str:
+        return self.path
+
+    def storage_meta(self) -> Optional[StorageMeta]:
+        return StorageMeta(checkpoint_id=self.path, save_id=self.save_id)
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        if not kwargs.get("use_collectives", True):
+            raise ValueError("TensorListWriter needs use_collectives=True: the coordinator writes the one metadata "
+                             "file of the checkpoint")
+        self.is_coordinator = is_coordinator
+        self.rank = int(kwargs.get("rank") or 0)
+
+    def _exists(self, name: str) -> bool:
+        target = join(self.path, name)
+        if _backends.is_remote(self.path):
+            fs, p = _fs(target)
+            return fs.exists(p)
+        return os.path.lexists(target)
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        if not _backends.is_remote(self.path):
+            os.makedirs(_backends.localize(self.path), exist_ok=True)
+        if not self.overwrite and self._exists(METADATA_NAME):
+            raise RuntimeError(f"{join(self.path, METADATA_NAME)}: a checkpoint exists and overwrite=False")
+        return plan
+
+    def prepare_global_plan(self, plans: List[SavePlan]) -> List[SavePlan]:
+        self.save_id = secrets.token_hex(4)
+        return [dataclasses.replace(p, storage_data=_ShardFile(shard_name(rank, self.save_id), self.save_id))
+                for rank, p in enumerate(plans)]
+
+    def _encode(self, item: WriteItem, planner: SavePlanner):
+        """A bytes entry's stored bytes and encoding: JSON, or (opted in) torch.save's pickle."""
+        fqn = item.index.fqn
+        lookup = getattr(planner, "lookup_object", None)  # DefaultSavePlanner's: the value itself
+        if lookup is not None:
+            try:
+                return encode_value(lookup(item.index), fqn), "json"
+            except TypeError as e:
+                if not self.allow_pickle:
+                    raise TypeError(f"{e}; pass TensorListWriter(..., allow_pickle=True) to store it with torch.save "
+                                    "(a pickle: loading it then needs TensorListReader(..., allow_pickle=True))") \
+                        from None
+        elif not self.allow_pickle:
+            raise TypeError(f"state dict value {fqn!r}: the planner {type(planner).__name__} has no lookup_object, so "
+                            "the value is only available as a torch.save pickle; pass allow_pickle=True to store it")
+        data = planner.resolve_data(item)
+        return bytes(data.getbuffer()), "torch_save"
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future:
+        shard: _ShardFile = plan.storage_data
+        arrays: Dict[str, np.ndarray] = {}
+        results: List[WriteResult] = []
+        for item in plan.items:
+            fqn = item.index.fqn
+            if item.type == WriteItemType.BYTE_IO:
+                raw, encoding = self._encode(item, planner)
+                name = bytes_key(fqn)
+                arrays[name] = np.frombuffer(raw, np.uint8)
+                entry = StorageEntry(fqn, None, shard.name, name, len(raw), encoding, "uint8", (len(raw),))
+            else:
+                chunk = item.tensor_data.chunk
+                offsets, sizes = tuple(chunk.offsets), tuple(chunk.sizes)
+                where = f"state dict tensor {fqn!r} (chunk at {list(offsets)})"
+                a = to_numpy(planner.resolve_data(item), where)
+                if a.shape != sizes:
+                    raise ValueError(f"{where}: the planner resolved a tensor of shape {list(a.shape)} for a chunk of "
+                                     f"sizes {list(sizes)}")
+                name = tensor_key(fqn, offsets)
+                arrays[name] = a
+                entry = StorageEntry(fqn, offsets, shard.name, name, a.nbytes, None, _dtypes.from_numpy(a.dtype).name, sizes)
+            results.append(WriteResult(index=item.index, size_in_bytes=entry.byte_length, storage_data=entry))
+        if arrays:
+            save(join(self.path, shard.name), arrays, metadata={"dcp": {"saveId": shard.save_id, "rank": self.rank}},
+                 durable=self.durable, checksum=self.checksum, threads=self.threads)
+        fut: Future = Future()
+        fut.set_result(results)
+        return fut
+
+    def finish(self, metadata: Metadata, results: List[List[WriteResult]]) -> None:
+        """Writes ``.metadata.json`` (checked first), the commit point; then removes older saves' files."""
+        entries: Dict[str, Optional[TensorMeta]] = {}
+        for fqn, md in metadata.state_dict_metadata.items():
+            entries[fqn] = None if isinstance(md, BytesStorageMetadata) else _tensor_meta(fqn, md)
+        storage = [r.storage_data for rank_results in results for r in rank_results]
+        modules = list(metadata.storage_meta.modules) if metadata.storage_meta is not None else []
+        doc = metadata_document(save_id=self.save_id, dcp_version=DCP_VERSION, entries=entries, storage=storage,
+                                planner_data=_planner_json(metadata.planner_data),
+                                storage_meta={"checkpointId": self.path, "saveId": self.save_id, "modules": modules})
+        target = join(self.path, METADATA_NAME)
+        parse_metadata(doc, file=target, path=self.path)  # never commit what a reader would refuse
+        text = (dumps(doc) + "\n").encode("utf-8")
+        if _backends.is_remote(self.path):
+            fs, p = _fs(target)
+            fs.pipe_file(p, text)  # an object store's put is atomic
+        else:
+            with atomic_file(_backends.localize(target), durable=self.durable) as tmp:
+                with open(tmp, "wb") as f:
+                    f.write(text)
+        self._sweep()
+
+    def _sweep(self) -> None:
+        """Deletes the files of other saves in the directory: replaced checkpoints and killed saves."""
+        if _backends.is_remote(self.path):
+            fs, p = _fs(join(self.path, METADATA_NAME))
+            folder = p.rsplit("/", 1)[0] if "/" in p else ""
+            names = [n.rsplit("/", 1)[-1] for n in fs.ls(folder, detail=False)]
+            remove = lambda n: fs.rm_file(f"{folder}/{n}" if folder else n)  # noqa: E731
+        else:
+            folder = _backends.localize(self.path)
+            names = os.listdir(folder)
+            remove = lambda n: os.unlink(os.path.join(folder, n))  # noqa: E731
+        for n in names:
+            sid = is_save_file(n)
+            if sid is not None and sid != self.save_id:
+                try:
+                    remove(n)
+                except OSError:
+                    pass  # gone already, or not ours to remove: a later save tries again
+
+    # --- async_save staging ----------------------------------------------------------
+    def stage(self, state_dict):
+        """The CPU copy ``dcp.async_save`` writes from, made before it returns (reused with ``cache_staged_state_dict``)."""
+        if not self.cache_staged_state_dict:
+            return super().stage(state_dict)
+        if self.state_dict_cache is None:  # DCP's stager pins, which needs CUDA; plain memory otherwise
+            self.state_dict_cache = _create_cpu_state_dict(state_dict, pin_memory=torch.cuda.is_available())
+        return _copy_state_dict(state_dict, self.state_dict_cache)
+
+
+def _torch_metadata(ckpt: Checkpoint, load_id: Optional[str]) -> Metadata:
+    """DCP's Metadata for a checked checkpoint; storage_data maps MetadataIndex -> StorageEntry."""
+    state: Dict[str, Any] = {}
+    for fqn, t in ckpt.entries.items():
+        if t is None:
+            state[fqn] = BytesStorageMetadata()
+            continue
+        props = TensorProperties(dtype=torch_dtype(t.dtype), layout=getattr(torch, t.layout),
+                                 requires_grad=t.requires_grad, memory_format=getattr(torch, t.memory_format),
+                                 pin_memory=t.pin_memory)
+        state[fqn] = TensorStorageMetadata(props, torch.Size(t.size),
+                                           [ChunkStorageMetadata(torch.Size(o), torch.Size(s)) for o, s in t.chunks])
+    storage = {MetadataIndex(e.fqn, e.offset): e for e in ckpt.storage.values()}
+    sm = ckpt.storage_meta or {}
+    meta = StorageMeta(checkpoint_id=sm.get("checkpointId"), save_id=sm.get("saveId"), load_id=load_id,
+                       modules=list(sm.get("modules") or []))
+    planner_data = None if ckpt.planner_data is None else from_tagged(ckpt.planner_data)
+    return Metadata(state_dict_metadata=state, planner_data=planner_data, storage_data=storage, storage_meta=meta,
+                    version=ckpt.dcp_version)
+
+
+class TensorListReader(StorageReader):
+    """A DCP ``StorageReader`` for checkpoints written by :class:`TensorListWriter`.
+
+    Use it as ``dcp.load(state_dict, storage_reader=TensorListReader(path))``;
+    DCP reshards to the state dict's layout. Chunks are read through memory
+    maps: a chunk that one rank needs whole is copied once, from the page
+    cache into the target tensor.
+
+    Args:
+        path: the checkpoint directory, or an fsspec URL.
+        allow_pickle: load bytes entries stored with ``torch.save`` (they run
+            pickle; only for checkpoints you trust). Refused by default with a
+            FormatError naming the key.
+        mmap: map the shards (default) or read them with pread (safer where
+            files may be truncated while the checkpoint is read).
+        verify: check the CRC32C of every chunk read.
+        limits: policy limits for the metadata and shard descriptors.
+
+    Raises (from ``dcp.load``, wrapped by DCP in a CheckpointException):
+        FormatError: the checkpoint breaks a rule of its layout (naming the
+            file and the fqn): see :mod:`tensorlist.dcp_read`.
+    """
+
+    def __init__(self, path, *, allow_pickle: bool = False, mmap: bool = True, verify: bool = False,
+                 limits: Limits = Limits()):
+        super().__init__()
+        self.path = os.fspath(path)
+        self.allow_pickle = allow_pickle
+        self.mmap = mmap
+        self.verify = verify
+        self.limits = limits
+        self.load_id = secrets.token_hex(8)
+        self.storage: Dict[MetadataIndex, StorageEntry] = {}
+        self.is_coordinator = False
+
+    def reset(self, checkpoint_id=None) -> None:
+        if checkpoint_id is not None:
+            self.path = os.fspath(checkpoint_id)
+        self.storage = {}
+        self.load_id = secrets.token_hex(8)
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id) -> bool:
+        return isinstance(checkpoint_id, (str, os.PathLike))
+
+    @property
+    def checkpoint_id(self) -> str:
+        return self.path
+
+    # No **kwargs on purpose: DCP then does not retry with a rank-local metadata
+    # file (this layout has none), so the error it reports is this one.
+    def read_metadata(self, *args: Any) -> Metadata:
+        return _torch_metadata(read_metadata(self.path, limits=self.limits), self.load_id)
+
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        self.storage = metadata.storage_data
+        self.is_coordinator = is_coordinator
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        return plan
+
+    def prepare_global_plan(self, plans: List[LoadPlan]) -> List[LoadPlan]:
+        return plans
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future:
+        with Shards(self.path, mmap=self.mmap, verify=self.verify, limits=self.limits) as shards:
+            for req in sorted(plan.items, key=lambda r: self.storage[r.storage_index].file):
+                entry: StorageEntry = self.storage[req.storage_index]
+                if req.type == LoadItemType.BYTE_IO:
+                    planner.load_bytes(req, self._bytes_for_planner(shards, entry))
+                    continue
+                t = from_numpy(shards.array(entry))
+                for d, (o, n) in enumerate(zip(req.storage_offsets, req.lengths)):
+                    t = t.narrow(d, o, n)
+                target = planner.resolve_tensor(req).detach()
+                if target.size() != t.size():
+                    raise FormatError(f"{entry.fqn!r}: the plan reads {list(t.size())} from the chunk at "
+                                      f"{list(entry.offset)} into a target of {list(target.size())}",
+                                      file=join(self.path, entry.file))
+                target.copy_(t)
+                planner.commit_tensor(req, target)
+        fut: Future = Future()
+        fut.set_result(None)
+        return fut
+
+    def _bytes_for_planner(self, shards: Shards, entry: StorageEntry) -> io.BytesIO:
+        """The stream ``LoadPlanner.load_bytes`` expects: a torch.save of the value.
+
+        A JSON value is re-serialized here, in memory, from what JSON can hold
+        (None, bool, int, float, str, lists, tuples, dicts), so what DCP's
+        planner unpickles is never bytes read from the checkpoint. A stored
+        pickle is passed on only with ``allow_pickle``.
+        """
+        if entry.encoding == "json":
+            buf = io.BytesIO()
+            torch.save(shards.value(entry), buf)
+        elif self.allow_pickle:
+            buf = io.BytesIO(shards.raw(entry))
+        else:
+            raise FormatError(f"{entry.fqn!r} is stored as a torch.save pickle; loading it runs pickle: pass "
+                              "TensorListReader(..., allow_pickle=True) for a checkpoint you trust",
+                              file=join(self.path, entry.file))
+        buf.seek(0)
+        return buf
