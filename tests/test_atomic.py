@@ -79,6 +79,7 @@ def _which(path: Path, n: int) -> str:
     return meta["which"]
 
 
+@pytest.mark.slow  # children killed mid-save, about 20 s
 def test_kill_9_during_save_leaves_old_or_new(tmp_path):
     n = 8 << 20  # 32 MiB per content
     path = tmp_path / "state.tl"
@@ -107,6 +108,7 @@ def test_kill_9_during_save_leaves_old_or_new(tmp_path):
     assert _which(path, n) == "B"
 
 
+@pytest.mark.slow  # two writer processes
 def test_two_concurrent_writers_end_with_one_complete_file(tmp_path):
     n = 1 << 16
     path = tmp_path / "shared.tl"
@@ -208,6 +210,7 @@ def test_save_over_a_directory_is_refused(tmp_path):
     assert os.listdir(tmp_path) == ["d"] and os.listdir(tmp_path / "d") == []
 
 
+@pytest.mark.slow  # a child with a file-size limit
 def test_write_error_mid_save_leaves_old_file_and_no_temp_files(old_file):
     """A write that fails half-way (here: a file-size limit, as on a full disk) cleans up."""
     before = _listing(old_file.parent)

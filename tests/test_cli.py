@@ -14,6 +14,8 @@ import pytest
 import tensorlist as tl
 from _record_support import full_record
 
+pytestmark = pytest.mark.slow  # every test runs python -m tensorlist in a child
+
 COMMANDS = ["demo", "inspect", "validate", "convert", "diff", "record"]
 
 

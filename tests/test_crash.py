@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # children killed mid-save
+
 CONTENT = textwrap.dedent("""
     import numpy as np
     import tensorlist as tl

@@ -19,6 +19,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+pytestmark = pytest.mark.slow  # every case runs in a worker process
+
 HERE = Path(__file__).resolve().parent
 CORPUS = HERE / "conformance"
 MANIFEST = json.loads((CORPUS / "manifest.json").read_text(encoding="utf-8"))

@@ -479,6 +479,7 @@ def test_awkward_names_round_trip(tmp_path):
 # --- many tensors, large offsets ------------------------------------------------------------
 
 
+@pytest.mark.slow  # about 20 s
 def test_one_million_tiny_tensors(tmp_path):
     n = 1_000_000
     path = tmp_path / "many.tl"

@@ -204,6 +204,7 @@ def test_mmap_false_reader_raises_format_error_when_truncated_after_open(tmp_pat
     r.close()
 
 
+@pytest.mark.slow  # a child that dies of SIGBUS
 def test_mapped_reader_of_a_file_truncated_after_open_gets_sigbus(tmp_path):
     # The documented hazard (docs/SECURITY.md): a mapping cannot be protected; mmap=False can.
     src = textwrap.dedent(f"""
