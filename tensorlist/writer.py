@@ -25,7 +25,7 @@ from ._jsonio import check_json, dumps, escape_pointer, resolve_pointer, walk
 from .errors import FormatError
 from .format import DEFAULT_ALIGNMENT, LIST_ALIGNMENT, MIN_TENSOR_ALIGNMENT, find_tensor_lists
 
-__all__ = ["save", "Writer", "Tensors", "write_data", "save_document"]
+__all__ = ["save", "Writer", "Tensors", "write_data", "save_document", "document_lists", "document_with_descriptors"]
 
 def _write_lists(fd, lists, alignment, checksum, durable, threads, path, lamp):
     """Writes several prepared lists into one new file at 4096-aligned offsets.
@@ -346,33 +346,62 @@ def save_document(path, document: Any, *, alignment: int = DEFAULT_ALIGNMENT, ch
         return _backends.dispatch("save_document", path)(path, document, alignment=alignment, checksum=checksum,
                                                          durable=durable, threads=threads)
     path = _backends.localize(os.fspath(path))
-    try:
-        check_json(document, skip=(Tensors,))  # before the old file is touched
-    except FormatError as e:
-        raise ValueError(f"{os.fspath(path)}: the document must be strict JSON: {e.reason}"
-                         + (f" at {e.field}" if e.field not in (None, "/") else "")) from None
-    found: List[Tuple[str, Tensors]] = [(p, v) for p, v in walk(document) if isinstance(v, Tensors)]
-    # a list's metadata sits inside the list object, which sits at its pointer's depth
-    prepared = [(prepare(t.tensors, f"{path}: {p or '/'}")[0],
-                 check_metadata(t.metadata, False, depth=p.count("/") + 2)) for p, t in found]
+    found = document_lists(document, path)
     commit = Commit(path, lamp=False, durable=durable)
     try:
         fd = commit.open_data()
-        layout = _write_lists(fd, [p[0] for p in prepared], alignment, checksum, durable, threads,
+        placed = _write_lists(fd, [items for _, items, _ in found], alignment, checksum, durable, threads,
                               commit.data_tmp, False)
         commit.finish_data()
-        descs = {
-            p: descriptor(tensor_entries(items, offs, crcs, False), commit.data_name, start, length, meta, False)
-            for (p, _), (items, meta), (start, offs, length, crcs) in zip(found, prepared, layout)
-        }
-        written = _replace(document, "", descs)
-        # lists the caller embedded as descriptors (kept from an earlier save) keep their data file
-        kept = [resolve_pointer(written, p)["location"] for p in find_tensor_lists(written) if p not in descs]
+        written, kept = document_with_descriptors(document, found, placed, commit.data_name)
         commit.commit(dumps(written) + "\n", keep=kept)
     except BaseException:
         commit.abort()
         raise
     return written
+
+
+def document_lists(document: Any, where) -> List[Tuple[str, List[Item], Any]]:
+    """The :class:`Tensors` placeholders of a document to save: ``[(pointer, items, metadata)]``.
+
+    Checks everything before any byte is written: the document is strict JSON
+    that reads back (``_jsonio.check_json``, placeholders skipped), each list's
+    tensors can be stored and its metadata is strict JSON at the depth it will
+    sit. Shared by the local and the remote ``save_document``.
+
+    Raises:
+        ValueError: the document or a list's metadata is not strict JSON.
+        TypeError: a tensor cannot be stored.
+    """
+    try:
+        check_json(document, skip=(Tensors,))
+    except FormatError as e:
+        raise ValueError(f"{os.fspath(where)}: the document must be strict JSON: {e.reason}"
+                         + (f" at {e.field}" if e.field not in (None, "/") else "")) from None
+    # a list's metadata sits inside the list object, which sits at its pointer's depth
+    return [(p, prepare(t.tensors, f"{where}: {p or '/'}")[0], check_metadata(t.metadata, False, depth=p.count("/") + 2))
+            for p, t in walk(document) if isinstance(t, Tensors)]
+
+
+def document_with_descriptors(document: Any, found, placed, data_name: str) -> Tuple[Any, List[str]]:
+    """The document with each placeholder replaced by its descriptor, and the other lists' locations.
+
+    Args:
+        found: :func:`document_lists`' result.
+        placed: ``[(list offset, tensor offsets, list length, crcs)]`` per list, as written.
+        data_name: the data file's name (``location``).
+
+    Returns:
+        (the document to write, the locations of lists the caller embedded as
+        descriptors: their data files must be kept).
+    """
+    descs = {
+        p: descriptor(tensor_entries(items, offs, crcs, False), data_name, start, length, meta, False)
+        for (p, items, meta), (start, offs, length, crcs) in zip(found, placed)
+    }
+    written = _replace(document, "", descs)
+    kept = [resolve_pointer(written, p)["location"] for p in find_tensor_lists(written) if p not in descs]
+    return written, kept
 
 
 def _replace(node, ptr: str, descs: Dict[str, Dict]):

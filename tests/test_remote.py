@@ -111,11 +111,26 @@ def test_failed_data_upload_leaves_no_descriptor(s3, s3_prefix, monkeypatch):
     url = f"{s3_prefix}/fail.tl"
     fs = fsspec.core.url_to_fs(url)[0]
 
-    def broken(*a, **k):
-        raise ConnectionError("connection reset by peer")
+    real_open = fs.open
 
-    monkeypatch.setattr(fs, "put_file", broken)
-    with pytest.raises(RemoteError, match=r"fail.tl: cannot upload the data object .*connection reset"):
+    class Broken:  # the upload fails midway, after some bytes went out
+        def __init__(self, f):
+            self.f, self.n = f, 0
+
+        def write(self, data):
+            self.n += len(data)
+            if self.n > 1024:
+                raise ConnectionError("connection reset by peer")
+            return self.f.write(data)
+
+        def close(self):
+            return self.f.close()
+
+        def discard(self):
+            return self.f.discard()
+
+    monkeypatch.setattr(fs, "open", lambda *a, **k: Broken(real_open(*a, **k)))
+    with pytest.raises(RemoteError, match=r"fail.tl: cannot upload tensor data: .*connection reset"):
         tl.save(url, _tensors())
     monkeypatch.undo()
     assert _objects(s3["fs"], url) == []
