@@ -200,13 +200,18 @@ def open_list(desc: ListDescriptor, use_mmap: bool, allow_outside: bool = False,
 
 
 def open_consistently(read: Callable[[], List[ListDescriptor]], use_mmap: bool, allow_outside: bool = False,
-                      *, file: Optional[str] = None) -> Tuple[List[ListDescriptor], List[ListData], Dict[str, DataFile]]:
+                      *, file: Optional[str] = None,
+                      share: bool = True) -> Tuple[List[ListDescriptor], List[ListData], Dict[str, DataFile]]:
     """Reads descriptors with ``read()`` and opens their data, re-reading while a save replaces them.
 
     A concurrent save may replace the descriptor and delete the data file we
     just read about: re-read the descriptor and try again. A data file is
     missing for real only when the re-read descriptor names the same missing
     file again; a descriptor that keeps changing is being replaced.
+
+    With ``share`` (documents), lists of one data file share one DataFile,
+    which the caller closes (the third value); without it each ListData owns
+    (and closes) its own.
 
     Returns:
         (descriptors, their ListData, the shared DataFiles to close).
@@ -218,21 +223,26 @@ def open_consistently(read: Callable[[], List[ListDescriptor]], use_mmap: bool, 
         opened: List[ListData] = []
         try:
             for d in descs:
-                opened.append(open_list(d, use_mmap, allow_outside, shared))
+                opened.append(open_list(d, use_mmap, allow_outside, shared if share else None))
             return descs, opened, shared
         except FileNotFoundError as e:
-            for f in shared.values():
-                f.close()
+            _close(opened, shared)
             d = descs[len(opened)]
             if d.data_path == missing:
                 raise FormatError(f"data file {d.data_path!r} does not exist", file=d.file,
                                   field=_location_field(d)) from e
             missing = d.data_path
         except BaseException:
-            for f in shared.values():
-                f.close()
+            _close(opened, shared)
             raise
     raise FormatError(f"the descriptor was replaced {MAX_REREADS} times while being opened", file=file)
+
+
+def _close(opened: List[ListData], shared: Dict[str, DataFile]) -> None:
+    for d in opened:
+        d.close()
+    for f in shared.values():
+        f.close()
 
 
 def check_crcs(infos: Sequence[TensorInfo], arrays: Sequence[np.ndarray], file) -> int:

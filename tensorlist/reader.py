@@ -143,7 +143,7 @@ class Reader(TensorMapping):
         self._mmap = mmap
         self._index: Optional[Dict[str, int]] = None
         (desc,), (self._data,), _ = open_consistently(lambda: [self._read_descriptor(pointer, allow_outside)],
-                                                      mmap, allow_outside, file=self.path)
+                                                      mmap, allow_outside, file=self.path, share=False)
         self.descriptor: ListDescriptor = desc
 
     def _read_descriptor(self, pointer, allow_outside) -> ListDescriptor:

@@ -450,3 +450,14 @@ def test_metadata_depth_counts_where_it_sits_in_the_file(tmp_path, where):
     tl.load_document(tmp_path / "m.tl")
     with pytest.raises(ValueError, match="deeper than"):
         write(nested(fits + 1))
+
+
+@pytest.mark.parametrize("mmap", [True, False])
+def test_a_closed_reader_releases_its_data_file(tmp_path, mmap):
+    tl.save(tmp_path / "m.tl", {"w": np.arange(10.0)})
+    fds = len(os.listdir("/proc/self/fd"))
+    for _ in range(50):
+        with tl.open(tmp_path / "m.tl", mmap=mmap) as r:
+            r["w"]
+        tl.load(tmp_path / "m.tl", mmap=mmap)
+    assert len(os.listdir("/proc/self/fd")) <= fds + 1
