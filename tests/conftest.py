@@ -18,6 +18,12 @@ import uuid
 
 import pytest
 
+# The helper scripts and support modules (_ddp_script.py, _loop_script.py, _fuzz_worker.py,
+# _record_support.py) are run as children or imported by tests, and hold no doctests: collecting them
+# under --doctest-modules would import them here, and the training scripts set torch's thread count
+# for the whole session when imported.
+collect_ignore_glob = ["_*.py"]
+
 #: The bucket the ``s3`` fixture creates.
 S3_BUCKET = "tensorlist-tests"
 

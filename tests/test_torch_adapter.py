@@ -1,9 +1,10 @@
-"""torch tensors go in and come out bit-exact, bfloat16 and float8 included (CPU, never skipped)."""
+"""torch tensors go in and come out bit-exact, bfloat16 and float8 included (CPU: skipped only without torch)."""
 import pytest
-import torch
 
-import tensorlist as tl
-from tensorlist.torch import from_numpy, to_numpy, torch_dtype
+torch = pytest.importorskip("torch", reason="the torch adapter needs torch (pip install 'tensorlist[torch]')")
+
+import tensorlist as tl  # noqa: E402
+from tensorlist.torch import from_numpy, to_numpy, torch_dtype  # noqa: E402
 
 TORCH_DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16, torch.float32,
                 torch.float64, torch.complex64, torch.complex128, torch.bool, torch.bfloat16, torch.float8_e5m2,
