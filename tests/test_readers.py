@@ -243,15 +243,15 @@ class TestMapping:
             _same(r[np.int64(1)], want[keys[1]])
 
     @pytest.mark.parametrize("key,error,match", [
-        (14, IndexError, "index 14 out of range for 14 tensors"),
-        (-15, IndexError, "index -15 out of range for 14 tensors"),
-        (2**70, IndexError, "out of range"),
-        ("nope", KeyError, "no tensor 'nope'"),
-        ("0", KeyError, "no tensor '0'"),      # a named list has no positional keys
-        (1.0, TypeError, "indexed by name .str. or position .int., not float"),
-        (True, TypeError, "not bool"),
-        (None, TypeError, "not NoneType"),
-        (b"w", TypeError, "not bytes"),
+        pytest.param(14, IndexError, "index 14 out of range for 14 tensors", id="past-end"),
+        pytest.param(-15, IndexError, "index -15 out of range for 14 tensors", id="before-start"),
+        pytest.param(2**70, IndexError, "out of range", id="huge"),
+        pytest.param("nope", KeyError, "no tensor 'nope'", id="unknown-name"),
+        pytest.param("0", KeyError, "no tensor '0'", id="positional-key-of-named-list"),
+        pytest.param(1.0, TypeError, "indexed by name .str. or position .int., not float", id="float"),
+        pytest.param(True, TypeError, "not bool", id="bool"),
+        pytest.param(None, TypeError, "not NoneType", id="None"),
+        pytest.param(b"w", TypeError, "not bytes", id="bytes"),
     ])
     def test_bad_keys(self, store, key, error, match):
         _saved(store)
@@ -380,12 +380,12 @@ class TestMapping:
         _same(store.load("doc.json", pointer="/model")["w"], np.arange(6, dtype=np.float32).reshape(2, 3))
 
     @pytest.mark.parametrize("pointer,match", [
-        (None, "embedding 2 of them at '/model', '/opt/0': pass pointer="),
-        ("/nope", "(?i)pointer"),
-        ("/opt/5", "(?i)pointer"),
-        ("model", "(?i)pointer"),
-        ("/note/text", "a TensorList must be a JSON object, got str"),
-        ("/note", "missing required field"),
+        pytest.param(None, "embedding 2 of them at '/model', '/opt/0': pass pointer=", id="none-given"),
+        pytest.param("/nope", "(?i)pointer", id="no-such-key"),
+        pytest.param("/opt/5", "(?i)pointer", id="no-such-index"),
+        pytest.param("model", "(?i)pointer", id="malformed"),
+        pytest.param("/note/text", "a TensorList must be a JSON object, got str", id="at-a-string"),
+        pytest.param("/note", "missing required field", id="at-a-non-list-object"),
     ])
     def test_bad_pointers(self, store, tmp_path, pointer, match):
         _embedded_document(store, tmp_path)
@@ -395,9 +395,10 @@ class TestMapping:
             store.load("doc.json", pointer=pointer)
 
     @pytest.mark.parametrize("limit,match", [
-        ({"max_descriptor_bytes": 100}, "descriptor is [0-9]+ bytes, above the limit of 100"),
-        ({"max_tensors": 13}, "14 tensors, above the limit of 13"),
-        ({"max_total_bytes": 64}, "list is [0-9]+ bytes, above the limit of 64"),
+        pytest.param({"max_descriptor_bytes": 100}, "descriptor is [0-9]+ bytes, above the limit of 100",
+                     id="max_descriptor_bytes"),
+        pytest.param({"max_tensors": 13}, "14 tensors, above the limit of 13", id="max_tensors"),
+        pytest.param({"max_total_bytes": 64}, "list is [0-9]+ bytes, above the limit of 64", id="max_total_bytes"),
     ])
     def test_limits_are_format_errors(self, store, limit, match):
         _saved(store)
@@ -429,7 +430,7 @@ class TestMapping:
         with pytest.raises(tl.FormatError, match=f"data (file|object) .*{data_name}.* does not exist"):
             store.open("m.tl")
 
-    @pytest.mark.parametrize("keep", [0, 1, 100, -1])
+    @pytest.mark.parametrize("keep", [0, 1, 100, -1], ids=["empty", "1-byte", "100-bytes", "one-byte-short"])
     def test_a_truncated_data_file_is_a_format_error(self, store, keep):
         _saved(store)
         data_name = store.data_name("m.tl")
@@ -441,18 +442,21 @@ class TestMapping:
             store.load("m.tl")
 
     @pytest.mark.parametrize("text,match", [
-        (b"[]", "is not a TensorList descriptor and embeds none"),
-        (b"[1, 2]", "is not a TensorList descriptor and embeds none"),
-        (b'{"a": 1}', "is not a TensorList descriptor and embeds none"),
-        (b'"tensors"', "is not a TensorList descriptor and embeds none"),
-        (b"42", "is not a TensorList descriptor and embeds none"),
-        (b"null", "is not a TensorList descriptor and embeds none"),
-        (b'{"tensors": [], "location": "d", "byteOffset": 0}', "field 'byteLength': missing required field"),
-        (b'{"tensors": 3, "location": "d", "byteOffset": 0, "byteLength": 0}', "field 'tensors': must be an array"),
-        (b'{"tensors": [], "location": "d", "byteOffset": 0, "byteLength": 0, "byteLength": 0}', "(?i)duplicate"),
-        (b'{"tensors": [', "(?i)json"),
-        (b"", "(?i)json"),
-        (b"\xff\xfe", "(?i)utf-8|json"),
+        pytest.param(b"[]", "is not a TensorList descriptor and embeds none", id="empty-array"),
+        pytest.param(b"[1, 2]", "is not a TensorList descriptor and embeds none", id="array"),
+        pytest.param(b'{"a": 1}', "is not a TensorList descriptor and embeds none", id="other-object"),
+        pytest.param(b'"tensors"', "is not a TensorList descriptor and embeds none", id="string"),
+        pytest.param(b"42", "is not a TensorList descriptor and embeds none", id="number"),
+        pytest.param(b"null", "is not a TensorList descriptor and embeds none", id="null"),
+        pytest.param(b'{"tensors": [], "location": "d", "byteOffset": 0}',
+                     "field 'byteLength': missing required field", id="no-byteLength"),
+        pytest.param(b'{"tensors": 3, "location": "d", "byteOffset": 0, "byteLength": 0}',
+                     "field 'tensors': must be an array", id="tensors-not-array"),
+        pytest.param(b'{"tensors": [], "location": "d", "byteOffset": 0, "byteLength": 0, "byteLength": 0}',
+                     "(?i)duplicate", id="duplicate-key"),
+        pytest.param(b'{"tensors": [', "(?i)json", id="cut-json"),
+        pytest.param(b"", "(?i)json", id="empty-file"),
+        pytest.param(b"\xff\xfe", "(?i)utf-8|json", id="not-utf8"),
     ])
     def test_a_descriptor_that_is_not_a_list(self, store, text, match):
         store.write("bad.tl", text)
