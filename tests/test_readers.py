@@ -12,9 +12,10 @@ memory     ``memory://tl-readers/.../x.tl``               ``tensorlist.remote.Re
 s3         ``s3://tensorlist-tests/.../x.tl`` (moto)      ``tensorlist.remote.RemoteReader``
 ========== ============================================== =========================
 
-Files are written through the public API at the reader's own address
-(``tensorlist.save(url, ...)``); the few that the API cannot make (embedded
-documents, broken files) are made locally and copied there byte for byte.
+Lists are written through the public API at the reader's own address
+(``tensorlist.save(url, ...)``). The embedded document is written locally
+(``save_document``) and copied there byte for byte, so that every reader
+reads the same bytes; broken files are written byte by byte.
 """
 from __future__ import annotations
 
@@ -378,6 +379,17 @@ class TestMapping:
             _same(r[0], np.ones(2, np.int16))
             _same(r["1"], np.zeros((), np.float64))
         _same(store.load("doc.json", pointer="/model")["w"], np.arange(6, dtype=np.float32).reshape(2, 3))
+
+    def test_load_document(self, store, tmp_path):
+        _embedded_document(store, tmp_path)
+        doc = tl.load_document(store.url("doc.json"), **store.open_kwargs)
+        assert doc["note"] == {"tensors": "not a list here", "text": "x"}
+        assert list(doc["model"]) == ["w"] and list(doc["opt"][0]) == ["0", "1"]
+        _same(doc["model"]["w"], np.arange(6, dtype=np.float32).reshape(2, 3))
+        _same(doc["opt"][0]["0"], np.ones(2, np.int16))
+        _same(doc["opt"][0]["1"], np.zeros((), np.float64))
+        with pytest.raises(tl.FormatError, match="field '/opt/0/tensors': 2 tensors, above the limit of 1"):
+            tl.load_document(store.url("doc.json"), max_tensors=1, **store.open_kwargs)
 
     @pytest.mark.parametrize("pointer,match", [
         pytest.param(None, "embedding 2 of them at '/model', '/opt/0': pass pointer=", id="none-given"),
