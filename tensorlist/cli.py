@@ -159,13 +159,7 @@ def cmd_validate(args) -> int:
     bad = 0
     for f in args.files:
         try:
-            if _backends.is_remote(f):
-                with Reader(f, allow_outside=args.allow_outside) as r:
-                    if args.verify:
-                        r.verify()
-                    lists = [r.descriptor]
-            else:
-                lists = validate(f, verify=args.verify, allow_outside=args.allow_outside)
+            lists = validate(f, verify=args.verify, allow_outside=args.allow_outside)  # paths and URLs alike
             n = sum(len(d.tensors) for d in lists)
             print(f"{f}: ok ({len(lists)} list{'s' if len(lists) != 1 else ''}, {n} tensors"
                   f"{', checksums verified' if args.verify else ''})")

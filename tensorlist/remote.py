@@ -42,7 +42,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 
-from . import _backends, _lowlevel, reader, writer
+from . import _backends, _lowlevel, reader, schema, writer
 from ._backends import is_url
 from ._commit import own_locations
 from ._datafile import check_crcs
@@ -651,7 +651,33 @@ def load_document(url: str, *, mmap: bool = True, allow_outside: bool = False,
     return doc
 
 
+def validate(url: str, *, pointer: Optional[str] = None, check_data: bool = True, verify: bool = False,
+             allow_outside: bool = False, max_descriptor_bytes: Optional[int] = None,
+             max_tensors: Optional[int] = None, max_total_bytes: Optional[int] = None,
+             storage_options: Optional[dict] = None) -> List[ListDescriptor]:
+    """``tensorlist.validate`` of a URL: the document once, the schema and rules, then each data object.
+
+    ``check_data`` checks that each list's data object exists and is long
+    enough; ``verify`` also fetches the tensors and checks their CRC32Cs.
+    """
+    limits = Limits.of(max_descriptor_bytes, max_tensors, max_total_bytes)
+    fs, path = _filesystem(url, storage_options)
+    doc = _read_document(fs, path, url, limits, fast=True)
+    descs = schema.validate(doc, pointer=pointer, check_data=False, allow_outside=allow_outside,
+                            max_descriptor_bytes=max_descriptor_bytes, max_tensors=max_tensors,
+                            max_total_bytes=max_total_bytes, source=url)
+    if check_data or verify:
+        for d in descs:
+            with RemoteReader(url, pointer=d.pointer, allow_outside=allow_outside,
+                              max_descriptor_bytes=max_descriptor_bytes, max_tensors=max_tensors,
+                              max_total_bytes=max_total_bytes, storage_options=storage_options, _document=doc) as r:
+                if verify:
+                    r.verify()
+    return descs
+
+
 _backends.register("reader", RemoteReader)
+_backends.register("validate", validate)
 _backends.register("writer", RemoteWriter)
 _backends.register("save", save)
 _backends.register("load_document", load_document)

@@ -71,11 +71,12 @@ def _schema_check(obj: Any, file: Optional[str], pointer: str) -> None:
 def validate(obj, *, pointer: Optional[str] = None, base_dir=None, check_data: bool = True,
              verify: bool = False, allow_outside: bool = False,
              max_descriptor_bytes: Optional[int] = None, max_tensors: Optional[int] = None,
-             max_total_bytes: Optional[int] = None) -> List[ListDescriptor]:
+             max_total_bytes: Optional[int] = None, source: Optional[str] = None,
+             **backend_options) -> List[ListDescriptor]:
     """Validates TensorList descriptors: the JSON Schema, then every semantic rule.
 
     Args:
-        obj: a path to a JSON document, a JSON string, or a parsed dict.
+        obj: a path or URL of a JSON document, a JSON string, or a parsed dict.
         pointer: RFC 6901 pointer to one TensorList in a bigger document. Without
             it, the document itself must be a TensorList, or every TensorList
             embedded in it is validated.
@@ -88,6 +89,8 @@ def validate(obj, *, pointer: Optional[str] = None, base_dir=None, check_data: b
             directory, or a data file that is a symlink to elsewhere.
         max_descriptor_bytes, max_tensors, max_total_bytes: policy limits
             (see ``format.Limits``).
+        source: the file name errors name, for a dict or a string (default: none).
+        **backend_options: for a URL, passed to its backend (``storage_options``).
 
     Returns:
         The validated descriptors, one per TensorList (each knows its pointer).
@@ -96,7 +99,14 @@ def validate(obj, *, pointer: Optional[str] = None, base_dir=None, check_data: b
         FormatError: naming the file, the tensor (index and name) and the field.
     """
     limits = Limits.of(max_descriptor_bytes, max_tensors, max_total_bytes)
-    file = None
+    if _backends.is_remote(obj):
+        return _backends.dispatch("validate", obj)(
+            obj, pointer=pointer, check_data=check_data, verify=verify, allow_outside=allow_outside,
+            max_descriptor_bytes=max_descriptor_bytes, max_tensors=max_tensors, max_total_bytes=max_total_bytes,
+            **backend_options)
+    if backend_options:
+        raise TypeError(f"unexpected arguments {sorted(backend_options)}")
+    file = source
     if isinstance(obj, (dict, list)):
         read = lambda: obj  # noqa: E731
     elif isinstance(obj, str) and obj.lstrip()[:1] in ("{", "["):

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-import torch
+torch = pytest.importorskip("torch", reason="these tests need torch (pip install 'tensorlist[torch]')")
 
 import tensorlist as tl
 import tensorlist.loops as loops
@@ -15,15 +15,6 @@ from tensorlist.record import verify_model_file
 SCRIPT = os.path.join(os.path.dirname(__file__), "_ddp_script.py")
 sys.path.insert(0, os.path.dirname(__file__))
 import _ddp_script  # noqa: E402
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models run fastest on one thread (several spin against each other on a small machine)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 def _free_port():
     with socket.socket() as s:

@@ -5,22 +5,13 @@ import os
 
 import numpy as np
 import pytest
-import torch
+torch = pytest.importorskip("torch", reason="these tests need torch (pip install 'tensorlist[torch]')")
 
 import tensorlist as tl
 import tensorlist.loops as loops
 from tensorlist.record import read_training_record, verify_model_file
 
 F = torch.nn.functional
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models run fastest on one thread (several spin against each other on a small machine)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 def _data(n=32, seed=0):
     g = torch.Generator().manual_seed(seed)

@@ -2,7 +2,7 @@
 import os
 
 import pytest
-import torch
+torch = pytest.importorskip("torch", reason="these tests need torch (pip install 'tensorlist[torch]')")
 
 import tensorlist.loops as loops
 import tensorlist.torch as tt

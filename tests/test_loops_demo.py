@@ -1,6 +1,10 @@
 """The training demo runs on CPU in seconds and leaves verifiable model files."""
 import json
 
+import pytest
+
+torch = pytest.importorskip("torch", reason="these tests need torch (pip install 'tensorlist[torch]')")
+
 from tensorlist.loops import read_checkpoint
 from tensorlist.loops.demo import moving_patterns, run_demo
 from tensorlist.record import verify_model_file

@@ -8,6 +8,8 @@ import sys
 import numpy as np
 import pytest
 
+torch = pytest.importorskip("torch", reason="these tests need torch (pip install 'tensorlist[torch]')")
+
 import tensorlist as tl
 from tensorlist.loops import read_checkpoint
 from tensorlist.record import verify_model_file

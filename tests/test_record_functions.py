@@ -13,7 +13,7 @@ import warnings
 import ml_dtypes
 import numpy as np
 import pytest
-import torch
+torch = pytest.importorskip("torch", reason="these tests need torch (pip install 'tensorlist[torch]')")
 from torch.utils.data import (
     BatchSampler,
     DataLoader,

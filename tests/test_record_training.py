@@ -11,7 +11,7 @@ import warnings
 import jsonschema
 import numpy as np
 import pytest
-import torch
+torch = pytest.importorskip("torch", reason="these tests need torch (pip install 'tensorlist[torch]')")
 from hypothesis import HealthCheck, given, settings
 from torch.utils.data import DataLoader, TensorDataset
 

@@ -185,3 +185,24 @@ def test_streamed_save_holds_little_memory(s3, s3_prefix, tmp_path):
     grew = int(r.stdout.strip().splitlines()[-1])
     assert grew < 128, f"anonymous memory grew by {grew} MiB for a 256 MiB save"  # measured: 62
     assert tl.open(url).descriptor.byte_length == 256 << 20
+
+
+def test_validate_takes_urls(base):
+    url = f"{base}/v.tl"
+    tl.save(url, {"w": np.arange(4.0)})
+    [desc] = tl.validate(url, verify=True)
+    assert desc.keys() == ["w"] and desc.file == url
+    fs, path = fsspec.core.url_to_fs(url)
+    data = f"{os.path.dirname(path)}/{desc.location}"
+    fs.pipe_file(data, bytes(desc.byte_length))
+    with pytest.raises(tl.ChecksumError, match="'w'"):
+        tl.validate(url, verify=True)
+    tl.validate(url)  # the size is right: only verify reads the bytes
+    fs.rm_file(data)
+    with pytest.raises(tl.FormatError, match="does not exist") as info:
+        tl.validate(url)
+    assert info.value.file == url and info.value.field == "location"
+    fs.pipe_file(path, b'{"location": 3}')
+    with pytest.raises(tl.FormatError, match="schema") as info:
+        tl.validate(url)
+    assert info.value.file == url
