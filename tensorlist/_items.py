@@ -26,7 +26,8 @@ from .format import FORMAT_VERSION, MAX_ALIGNMENT, MIN_TENSOR_ALIGNMENT
 
 __all__ = ["Item", "prepare", "layout", "align", "check_alignment", "check_metadata", "check_names",
            "tensor_entries", "descriptor", "descriptor_text", "fast_descriptor_text", "GCPaused", "known_len",
-           "as_array", "dtype_info", "GC_PAUSE_MIN", "EntryBook", "reserved_shape"]
+           "as_array", "dtype_info", "GC_PAUSE_MIN", "EntryBook", "reserved_shape", "lamp_offset",
+           "check_lamp_layout", "inside_offsets"]
 
 _LITTLE_HOST = sys.byteorder == "little"
 
@@ -183,8 +184,58 @@ def check_names(names: List[str], where: str) -> None:
                 raise ValueError(f"{where}: tensor name {n!r} is not valid Unicode ({e.reason})") from None
 
 
-def layout(items: Sequence[Item], start: int, alignment: int) -> Tuple[List[int], int]:
-    """Offsets relative to ``start`` and the list's padded byteLength."""
+def lamp_offset(cursor: int, dtype: _dtypes.DType, index: int) -> int:
+    """Where lamp's Writer puts the next tensor (``cursor`` rounded up to 8), or a ValueError.
+
+    lamp pads each tensor to 8 bytes and nothing more, so a complex128 (16-byte
+    items) after an odd number of 8-byte blocks would start at a multiple of 8
+    only: lamp's own Reader ("tensorOffset % itemsize") and tensorlist (rule 9)
+    both refuse such a file, so lamp mode refuses to write it.
+    """
+    off = align(cursor, MIN_TENSOR_ALIGNMENT)
+    if off % dtype.itemsize:
+        raise ValueError(f"lamp=True: tensor {index} ({dtype.name}) would start at byte {off}, where lamp's Writer "
+                         f"puts it (8-byte padding), which is not a multiple of its item size {dtype.itemsize}: "
+                         "neither lamp's Reader nor tensorlist reads such a file. Put it where the padded sizes "
+                         f"before it add up to a multiple of {dtype.itemsize}, or save without lamp=True")
+    return off
+
+
+def check_lamp_layout(items: Sequence[Item]) -> None:
+    """Refuses (ValueError) a list lamp's Writer would lay out with a tensor off its item size (see ``lamp_offset``)."""
+    cursor = 0
+    for i, it in enumerate(items):
+        if it.dtype.itemsize > MIN_TENSOR_ALIGNMENT or cursor % MIN_TENSOR_ALIGNMENT:
+            cursor = lamp_offset(cursor, it.dtype, i)
+        cursor += it.nbytes
+
+
+def inside_offsets(entries: List[Dict[str, Any]], length: int) -> List[Dict[str, Any]]:
+    """The entries with each trailing empty tensor moved from the list's end to offset 0 (tensorlist mode).
+
+    An empty tensor after the last bytes would sit at exactly ``byteLength``;
+    lamp's Reader refuses any tensor offset >= the list's byteLength when that
+    is not 0 ("Out of bounds."), so such a file could not be read by lamp.
+    Offset 0 is inside the list, aligned for every dtype, and an empty tensor
+    overlaps nothing (FORMAT.md 5.1). lamp mode keeps lamp's own offsets.
+    """
+    if length:
+        for e in reversed(entries):
+            if e["byteLength"] or e["byteOffset"] < length:
+                break
+            e["byteOffset"] = 0
+    return entries
+
+
+def layout(items: Sequence[Item], start: int, alignment: int, lamp: bool = False) -> Tuple[List[int], int]:
+    """Offsets relative to ``start`` and the list's padded byteLength.
+
+    ``lamp``: the list is written in lamp mode, whose layout cannot hold a
+    tensor lamp's Writer would put off its item size (ValueError, before any
+    byte is written; see :func:`lamp_offset`).
+    """
+    if lamp:
+        check_lamp_layout(items)
     if alignment >= _MAX_ITEMSIZE and len(items) > 64:
         # every tensor then starts at the end of the previous one rounded up to
         # `alignment`: a prefix sum of the rounded sizes (the loop below, vectorized)
@@ -206,6 +257,8 @@ def layout(items: Sequence[Item], start: int, alignment: int) -> Tuple[List[int]
 
 
 def tensor_entries(items, offsets, crcs, lamp: bool) -> List[Dict[str, Any]]:
+    if lamp:  # whoever laid the items out without lamp=True: still nothing lamp would misplace is described
+        check_lamp_layout(items)
     out = []
     for i, (it, off) in enumerate(zip(items, offsets)):
         e: Dict[str, Any] = {}
@@ -229,6 +282,7 @@ def descriptor(entries, location, offset, length, metadata, lamp: bool) -> Dict[
     d: Dict[str, Any] = {}
     if not lamp:
         d["formatVersion"] = FORMAT_VERSION
+        inside_offsets(entries, length)
     if entries or not lamp:
         d["tensors"] = entries
     d["location"] = location
@@ -246,6 +300,12 @@ def fast_descriptor_text(items, offsets, crcs, location: str, length: int, metad
     f-string per tensor, with the dims text of each distinct shape made once.
     """
     enc = _encode_string
+    if length and items and not items[-1].nbytes and offsets[-1] >= length:
+        offsets = list(offsets)  # trailing empty tensors inside the list, as inside_offsets() does
+        for i in range(len(items) - 1, -1, -1):
+            if items[i].nbytes or offsets[i] < length:
+                break
+            offsets[i] = 0
     dims_text: Dict[Tuple[int, ...], str] = {}
     lines = []
     append = lines.append
@@ -337,7 +397,10 @@ class EntryBook:
             if name in self.names:
                 raise ValueError(f"duplicate tensor name {name!r}")
             check_names([name], self.where)
-        offset = align(self.end, max(self.alignment, dtype.itemsize))
+        if self.lamp:
+            offset = lamp_offset(self.end, dtype, len(self.entries))
+        else:
+            offset = align(self.end, max(self.alignment, dtype.itemsize))
         e: Dict[str, Any] = {}
         if named and not self.lamp:
             e["name"] = name
