@@ -44,13 +44,14 @@ from __future__ import annotations
 import dataclasses
 import io
 import os
+import copy
 import secrets
+import threading
 import warnings
 from typing import Any, Dict, List, Optional
 
 import numpy as np
 import torch
-from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
 from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkStorageMetadata, Metadata,
                                                    MetadataIndex, StorageMeta, TensorProperties,
                                                    TensorStorageMetadata)
@@ -58,6 +59,7 @@ from torch.distributed.checkpoint.planner import (LoadItemType, LoadPlan, LoadPl
                                                   WriteItem, WriteItemType)
 from torch.distributed.checkpoint.staging import BlockingAsyncStager
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
+from torch.distributed.tensor import DTensor
 from torch.futures import Future
 
 from . import _backends, _dtypes
@@ -139,9 +141,10 @@ class TensorListWriter(StorageWriter, BlockingAsyncStager):
         overwrite: replace an existing checkpoint in ``path`` (else RuntimeError).
         checksum: store a CRC32C per chunk.
         threads: writer threads per rank (default: usable cores, at most 8).
-        cache_staged_state_dict: for ``async_save``: keep the CPU copy between
-            saves and copy into it (no fresh allocation per save; pinned where
-            CUDA is available).
+        cache_staged_state_dict: for ``async_save``: keep the staged copy
+            between saves and copy into it (no fresh memory per save) while the
+            state dict keeps its structure. Costs a copy of the state dict in
+            memory between saves.
 
     Raises (from ``dcp.save``, wrapped by DCP in a CheckpointException):
         TypeError: a non-tensor value is not JSON, or a tensor cannot be
@@ -161,6 +164,7 @@ class TensorListWriter(StorageWriter, BlockingAsyncStager):
         self.rank = 0
         self.is_coordinator = True
         self.save_id: Optional[str] = None
+        self._cleanup: Optional[threading.Thread] = None
 
     # --- DCP's StorageWriter protocol ----------------------------------------------
     def reset(self, checkpoint_id=None) -> None:
@@ -194,6 +198,7 @@ class TensorListWriter(StorageWriter, BlockingAsyncStager):
         return os.path.lexists(target)
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        self.wait()
         if not _backends.is_remote(self.path):
             os.makedirs(_backends.localize(self.path), exist_ok=True)
         if not self.overwrite and self._exists(METADATA_NAME):
@@ -276,7 +281,13 @@ class TensorListWriter(StorageWriter, BlockingAsyncStager):
         self._sweep()
 
     def _sweep(self) -> None:
-        """Deletes the files of other saves in the directory: replaced checkpoints and killed saves."""
+        """Deletes, in a background thread, the files of other saves: the replaced checkpoint and killed saves.
+
+        Deleting a big file frees its page cache and blocks, which takes about
+        as long as writing a tenth of it; after the commit nothing needs those
+        files, so :meth:`dcp.save` returns without waiting. :meth:`wait` (and
+        this writer's next save) joins the thread; the interpreter does at exit.
+        """
         if _backends.is_remote(self.path):
             fs, p = _fs(join(self.path, METADATA_NAME))
             folder = p.rsplit("/", 1)[0] if "/" in p else ""
@@ -286,22 +297,116 @@ class TensorListWriter(StorageWriter, BlockingAsyncStager):
             folder = _backends.localize(self.path)
             names = os.listdir(folder)
             remove = lambda n: os.unlink(os.path.join(folder, n))  # noqa: E731
-        for n in names:
-            sid = is_save_file(n)
-            if sid is not None and sid != self.save_id:
-                try:
-                    remove(n)
-                except OSError:
-                    pass  # gone already, or not ours to remove: a later save tries again
+        # the list is taken now: a file a later save creates is never in it
+        doomed = [n for n in names if is_save_file(n) not in (None, self.save_id)]
+        if doomed:
+            self._cleanup = threading.Thread(target=_remove_all, args=(remove, doomed),
+                                             name="tensorlist-dcp-cleanup")
+            self._cleanup.start()
+
+    def wait(self) -> None:
+        """Waits until the files that the last save replaced are deleted."""
+        if self._cleanup is not None:
+            self._cleanup.join()
+            self._cleanup = None
 
     # --- async_save staging ----------------------------------------------------------
     def stage(self, state_dict):
-        """The CPU copy ``dcp.async_save`` writes from, made before it returns (reused with ``cache_staged_state_dict``)."""
-        if not self.cache_staged_state_dict:
+        """The copy ``dcp.async_save`` writes from, made before it returns.
+
+        CPU tensors and DTensors are copied into fresh memory (or, with
+        ``cache_staged_state_dict``, into the copy of the previous save when
+        the state dict has the same structure); other values are deep-copied.
+        A state dict with tensors on other devices goes through DCP's own
+        stager (a CPU copy).
+        """
+        if not _all_cpu(state_dict):
             return super().stage(state_dict)
-        if self.state_dict_cache is None:  # DCP's stager pins, which needs CUDA; plain memory otherwise
-            self.state_dict_cache = _create_cpu_state_dict(state_dict, pin_memory=torch.cuda.is_available())
-        return _copy_state_dict(state_dict, self.state_dict_cache)
+        cache = self.state_dict_cache if self.cache_staged_state_dict else None
+        if cache is not None and _copy_into(cache, state_dict):
+            return cache
+        staged = _staged(state_dict)
+        if self.cache_staged_state_dict:
+            self.state_dict_cache = staged
+        return staged
+
+
+def _remove_all(remove, names: List[str]) -> None:
+    for n in names:
+        try:
+            remove(n)
+        except OSError:
+            pass  # gone already, or not ours to remove: a later save tries again
+
+
+def _all_cpu(value) -> bool:
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, torch.Tensor):
+            if v.device.type != "cpu" or (not isinstance(v, DTensor) and type(v) is not torch.Tensor
+                                          and not isinstance(v, torch.nn.Parameter)):
+                return False
+        elif isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, (list, tuple)):
+            stack.extend(v)
+    return True
+
+
+def _staged(v):
+    """A copy of a state dict: tensors (DTensors: their local shard) in fresh CPU memory."""
+    if isinstance(v, DTensor):
+        local = v.to_local().detach().clone()
+        return DTensor.from_local(local, v.device_mesh, v.placements, run_check=False, shape=v.shape,
+                                  stride=v.stride())
+    if isinstance(v, torch.Tensor):
+        return v.detach().clone()
+    if isinstance(v, dict):
+        return {k: _staged(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_staged(x) for x in v]
+    if isinstance(v, tuple):
+        return tuple(_staged(x) for x in v)
+    return copy.deepcopy(v)
+
+
+def _same_value(a, b) -> bool:
+    try:
+        return type(a) is type(b) and bool(a == b)
+    except Exception:  # e.g. an object whose == is not a truth value
+        return False
+
+
+def _copy_into(cache, v) -> bool:
+    """Copies ``v``'s values into ``cache`` (a :func:`_staged` copy of an earlier ``v``); False if they differ in shape."""
+    pairs, tensors = [(cache, v)], []
+    while pairs:
+        c, x = pairs.pop()
+        if isinstance(x, torch.Tensor):
+            if not isinstance(c, torch.Tensor) or isinstance(c, DTensor) != isinstance(x, DTensor):
+                return False
+            if isinstance(x, DTensor):
+                if c.placements != x.placements or c.device_mesh != x.device_mesh or c.shape != x.shape:
+                    return False
+                c, x = c.to_local(), x.to_local()
+            if c.shape != x.shape or c.dtype != x.dtype or c.stride() != x.stride():
+                return False
+            tensors.append((c, x))
+        elif isinstance(x, dict):
+            if not isinstance(c, dict) or c.keys() != x.keys():
+                return False
+            pairs.extend((c[k], x[k]) for k in x)
+        elif isinstance(x, (list, tuple)):
+            if type(c) is not type(x) or len(c) != len(x):
+                return False
+            pairs.extend(zip(c, x))
+        elif not _same_value(c, x):
+            return False  # a changed non-tensor value: stage afresh (the cache holds the old one)
+    with torch.no_grad():
+        for c, x in tensors:
+            c.copy_(x.detach())
+    return True
 
 
 def _torch_metadata(ckpt: Checkpoint, load_id: Optional[str]) -> Metadata:

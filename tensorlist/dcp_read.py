@@ -15,7 +15,10 @@ this order and stop at the first failure; each ``FormatError`` names the file
 (the metadata or the shard) and, in its message, the fqn at fault:
 
 1. the metadata file: regular file, size cap, strict JSON (``format.read_json_file``);
-2. the JSON Schema;
+2. the shape the JSON Schema gives (``schemas/dcp-metadata.schema.json``), by
+   hand-written checks on every read, and by jsonschema too in
+   :func:`validate_checkpoint` (jsonschema needs seconds for a checkpoint of
+   thousands of chunks; a test keeps the two in agreement);
 3. the tensors: each chunk has the tensor's number of dimensions and lies
    inside it; no two non-empty chunks overlap; together they cover every
    element (no gap);
@@ -51,7 +54,7 @@ from .schema import schema_validator
 
 __all__ = ["METADATA_NAME", "FORMAT_NAME", "DCP_FORMAT_VERSION", "SCHEMA", "TensorMeta", "StorageEntry",
            "Checkpoint", "Shards", "metadata_document", "parse_metadata", "read_metadata", "validate_checkpoint",
-           "read_full", "encode_value", "decode_value", "shard_name", "tensor_key", "bytes_key", "join",
+           "read_full", "check_shape", "encode_value", "decode_value", "shard_name", "tensor_key", "bytes_key", "join",
            "is_save_file"]
 
 #: The global metadata's file name in the checkpoint directory (DCP's own is ``.metadata``, a pickle).
@@ -259,12 +262,160 @@ def _escape(token: str) -> str:
 
 
 def _schema_check(doc: Any, file: str) -> None:
-    errors = sorted(schema_validator(SCHEMA).iter_errors(doc), key=lambda e: [str(p) for p in e.absolute_path])
-    if errors:
-        e = errors[0]
+    """The shipped JSON Schema, through jsonschema (slow on big documents: see :func:`_check_shape`)."""
+    from jsonschema.exceptions import best_match  # the deepest error: inside oneOf, the branch that nearly matched
+
+    e = best_match(schema_validator(SCHEMA).iter_errors(doc))
+    if e is not None:
         field = "/" + "/".join(_escape(str(p)) for p in e.absolute_path)
         message = e.message if len(e.message) <= 200 else e.message[:200] + "..."
         raise FormatError(f"not a tensorlist DCP metadata document: {message}", file=file, field=field)
+
+
+_MAX_COUNT = (1 << 63) - 1
+_DTYPE_NAMES = frozenset(d.name for d in _dtypes.DTYPES)
+_SAVE_ID = re.compile(r"\A[0-9a-f]{8}\Z")
+_FILE_NAME = re.compile(r"\A[A-Za-z0-9_][A-Za-z0-9._-]*\.tl\Z")
+_TOP = {"format", "formatVersion", "dcpVersion", "saveId", "files", "stateDict", "storage", "plannerData",
+        "storageMeta"}
+_TOP_REQUIRED = ("format", "formatVersion", "saveId", "files", "stateDict", "storage")
+_TENSOR_KEYS = {"type", "dtype", "size", "chunks", "properties"}
+_PROPERTY_KEYS = {"layout", "requiresGrad", "memoryFormat", "pinMemory"}
+_ENTRY_REQUIRED = ("fqn", "offset", "file", "tensor", "byteLength")
+_ENTRY_KEYS = set(_ENTRY_REQUIRED) | {"encoding"}
+
+
+class _Shape:
+    """The schema's rules written out by hand (step 2 on every read: jsonschema takes seconds on big files).
+
+    ``tests/test_dcp.py`` feeds the same table of documents to this and to
+    jsonschema and checks that both accept and refuse the same ones.
+    """
+
+    def __init__(self, file: str):
+        self.file = file
+
+    def fail(self, at: str, what: str):
+        raise FormatError(f"not a tensorlist DCP metadata document: {what}", file=self.file, field=at or "/")
+
+    def object(self, v, at: str, keys, required) -> dict:
+        if not isinstance(v, dict):
+            self.fail(at, f"{short_repr(v)} is not an object")
+        for k in required:
+            if k not in v:
+                self.fail(at, f"{k!r} is a required property")
+        for k in v:
+            if k not in keys:
+                self.fail(f"{at}/{_escape(k)}", f"unexpected property {short_repr(k)}")
+        return v
+
+    def count(self, v, at: str) -> int:
+        if type(v) is not int or not 0 <= v <= _MAX_COUNT:
+            self.fail(at, f"{short_repr(v)} is not an integer in [0, 2^63)")
+        return v
+
+    def dims(self, v, at: str) -> list:
+        if not isinstance(v, list):
+            self.fail(at, f"{short_repr(v)} is not an array")
+        for i, x in enumerate(v):
+            if type(x) is not int or not 0 <= x <= _MAX_COUNT:
+                self.count(x, f"{at}/{i}")
+        return v
+
+    def string(self, v, at: str, pattern=None, choices=None) -> str:
+        if not isinstance(v, str):
+            self.fail(at, f"{short_repr(v)} is not a string")
+        if pattern is not None and not pattern.match(v):
+            self.fail(at, f"{short_repr(v)} does not match {pattern.pattern!r}")
+        if choices is not None and v not in choices:
+            self.fail(at, f"{short_repr(v)} is not one of {sorted(choices)}")
+        return v
+
+    def boolean(self, v, at: str) -> None:
+        if not isinstance(v, bool):
+            self.fail(at, f"{short_repr(v)} is not a boolean")
+
+    def tensor(self, d: dict, at: str) -> None:
+        self.object(d, at, _TENSOR_KEYS, tuple(_TENSOR_KEYS))
+        self.string(d["dtype"], f"{at}/dtype", choices=_DTYPE_NAMES)
+        self.dims(d["size"], f"{at}/size")
+        if not isinstance(d["chunks"], list):
+            self.fail(f"{at}/chunks", "chunks is not an array")
+        for i, c in enumerate(d["chunks"]):
+            self.object(c, f"{at}/chunks/{i}", ("offsets", "sizes"), ("offsets", "sizes"))
+            self.dims(c["offsets"], f"{at}/chunks/{i}/offsets")
+            self.dims(c["sizes"], f"{at}/chunks/{i}/sizes")
+        p = self.object(d["properties"], f"{at}/properties", _PROPERTY_KEYS, tuple(_PROPERTY_KEYS))
+        self.string(p["layout"], f"{at}/properties/layout", choices=("strided",))
+        self.boolean(p["requiresGrad"], f"{at}/properties/requiresGrad")
+        self.string(p["memoryFormat"], f"{at}/properties/memoryFormat",
+                    choices=("contiguous_format", "channels_last", "preserve_format"))
+        self.boolean(p["pinMemory"], f"{at}/properties/pinMemory")
+
+    def document(self, doc: Any) -> None:
+        self.object(doc, "", _TOP, _TOP_REQUIRED)
+        if doc["format"] != FORMAT_NAME:
+            self.fail("/format", f"{short_repr(doc['format'])} is not {FORMAT_NAME!r}")
+        v = doc["formatVersion"]
+        if type(v) is not int or not 1 <= v <= DCP_FORMAT_VERSION:
+            self.fail("/formatVersion", f"{short_repr(v)} is not a version this reader knows "
+                                        f"(1 to {DCP_FORMAT_VERSION})")
+        if doc.get("dcpVersion") is not None:
+            self.string(doc["dcpVersion"], "/dcpVersion")
+        self.string(doc["saveId"], "/saveId", _SAVE_ID)
+        files = doc["files"]
+        if not isinstance(files, list):
+            self.fail("/files", "files is not an array")
+        for i, f in enumerate(files):
+            self.string(f, f"/files/{i}", _FILE_NAME)
+        if len(set(files)) != len(files):
+            self.fail("/files", "files has non-unique elements")
+        if not isinstance(doc["stateDict"], dict):
+            self.fail("/stateDict", "stateDict is not an object")
+        for fqn, d in doc["stateDict"].items():
+            at = f"/stateDict/{_escape(fqn)}"
+            kind = d.get("type") if isinstance(d, dict) else None
+            if kind == "bytes":
+                self.object(d, at, ("type",), ("type",))
+            elif kind == "tensor":
+                self.tensor(d, at)
+            else:
+                self.fail(at, f"{short_repr(d)} is neither a tensor nor a bytes entry")
+        if not isinstance(doc["storage"], list):
+            self.fail("/storage", "storage is not an array")
+        for k, e in enumerate(doc["storage"]):
+            at = f"/storage/{k}"
+            self.object(e, at, _ENTRY_KEYS, _ENTRY_REQUIRED)
+            self.string(e["fqn"], f"{at}/fqn")
+            if e["offset"] is not None:
+                self.dims(e["offset"], f"{at}/offset")
+            self.string(e["file"], f"{at}/file", _FILE_NAME)
+            self.string(e["tensor"], f"{at}/tensor")
+            self.count(e["byteLength"], f"{at}/byteLength")
+            if "encoding" in e:
+                self.string(e["encoding"], f"{at}/encoding", choices=("json", "torch_save"))
+        meta = doc.get("storageMeta")
+        if meta is not None:
+            self.object(meta, "/storageMeta", ("checkpointId", "saveId", "modules"), ())
+            for k in ("checkpointId", "saveId"):
+                if meta.get(k) is not None:
+                    self.string(meta[k], f"/storageMeta/{k}")
+            if "modules" in meta:
+                if not isinstance(meta["modules"], list):
+                    self.fail("/storageMeta/modules", "modules is not an array")
+                for i, m in enumerate(meta["modules"]):
+                    self.string(m, f"/storageMeta/modules/{i}")
+
+
+def check_shape(doc: Any, *, file: str, schema: bool = False) -> None:
+    """Step 2: the document has the schema's shape (hand-written checks; also jsonschema with ``schema``).
+
+    Raises:
+        FormatError: naming ``file`` and the field (a JSON pointer).
+    """
+    _Shape(file).document(doc)
+    if schema:
+        _schema_check(doc, file)
 
 
 def _numel(dims: Sequence[int]) -> int:
@@ -311,18 +462,21 @@ def _check_tiling(t: TensorMeta, file: str, at: str) -> None:
                           "the checkpoint is incomplete", file=file, field=f"{at}/chunks")
 
 
-def parse_metadata(doc: Any, *, file: str, path: Optional[str] = None) -> Checkpoint:
+def parse_metadata(doc: Any, *, file: str, path: Optional[str] = None, schema: bool = False) -> Checkpoint:
     """Checks a metadata document (steps 2 to 4 of the module docstring) and returns it as a :class:`Checkpoint`.
 
     Args:
         doc: the parsed JSON value.
         file: the metadata file's name, for errors.
         path: the checkpoint directory (default: ``file``'s directory).
+        schema: also run jsonschema with the shipped schema (the hand-written
+            checks of the same rules always run; jsonschema takes seconds on
+            checkpoints of thousands of chunks).
 
     Raises:
         FormatError: the first rule broken, naming ``file``, the field and the fqn.
     """
-    _schema_check(doc, file)
+    check_shape(doc, file=file, schema=schema)
     if path is None:
         path = posixpath.dirname(file) if _backends.is_remote(file) else os.path.dirname(file)
     entries: Dict[str, Optional[TensorMeta]] = {}
@@ -391,7 +545,7 @@ def parse_metadata(doc: Any, *, file: str, path: Optional[str] = None) -> Checkp
                       doc.get("plannerData"), doc.get("storageMeta"))
 
 
-def read_metadata(path, *, limits: Limits = Limits()) -> Checkpoint:
+def read_metadata(path, *, limits: Limits = Limits(), schema: bool = False) -> Checkpoint:
     """Reads and checks the metadata of the checkpoint in directory ``path`` (a local path or a URL).
 
     Raises:
@@ -413,7 +567,7 @@ def read_metadata(path, *, limits: Limits = Limits()) -> Checkpoint:
         if not os.path.lexists(file):
             raise FileNotFoundError(f"{file}: no checkpoint metadata (the save never committed, or not a checkpoint)")
         doc = read_json_file(file, limits)
-    return parse_metadata(doc, file=file, path=path)
+    return parse_metadata(doc, file=file, path=path, schema=schema)
 
 
 # --- the shards --------------------------------------------------------------------
@@ -500,12 +654,13 @@ class Shards:
         self.close()
 
 
-def validate_checkpoint(path, *, verify: bool = False, limits: Limits = Limits()) -> Checkpoint:
+def validate_checkpoint(path, *, verify: bool = False, schema: bool = True, limits: Limits = Limits()) -> Checkpoint:
     """Checks a whole checkpoint: the metadata, then every shard file and every stored chunk.
 
     Args:
         path: the checkpoint directory (a local path or a URL).
         verify: also check every tensor's CRC32C (reads every byte).
+        schema: also validate the metadata with jsonschema against the shipped schema.
         limits: policy limits for the metadata and the shard descriptors.
 
     Returns:
@@ -517,7 +672,7 @@ def validate_checkpoint(path, *, verify: bool = False, limits: Limits = Limits()
             and the fqn: a missing or truncated shard, a chunk that does not
             match its stored tensor, overlapping chunks, a gap...
     """
-    ckpt = read_metadata(path, limits=limits)
+    ckpt = read_metadata(path, limits=limits, schema=schema)
     with Shards(ckpt.path, mmap=False, verify=verify, limits=limits) as shards:
         for name in ckpt.files:
             shards.reader(name)
