@@ -260,7 +260,7 @@ def test_a_tensor_without_plain_bytes_in_a_pt_source_is_a_clear_format_error(tmp
     torch.save({"w": torch.ones(2), "bad": bad()}, tmp_path / "s.pt")
     (tmp_path / "out").mkdir()
     for dst in ("s.tl", "s.safetensors", "s.npz"):
-        with pytest.raises(tl.FormatError, match=r"s\.pt: tensor 'bad': " + why) as e:
+        with pytest.raises(tl.FormatError, match=r"s\.pt: tensor 1 \('bad'\): " + why) as e:
             convert(tmp_path / "s.pt", tmp_path / "out" / dst, progress=False)
         assert "\n" not in str(e.value) and isinstance(e.value.__cause__, TypeError)
     assert os.listdir(tmp_path / "out") == []

@@ -23,6 +23,15 @@ Values are copied bit for bit (bfloat16, float16, float8 and NaN payloads
 included). Remote URLs (``s3://...``) work for tensorlist and lamp files,
 ``file://`` URLs for every format.
 
+Every source is hostile input: each is checked as its own reader checks it
+(safetensors as strictly as safetensors), its shapes obey tensorlist's dims
+rules, and a conversion is refused before anything is written when the source
+holds more than ``max_tensors`` tensors or expands past ``max_total_bytes``
+(by default ``MAX_EXPANSION`` times its size on disk: a zip bomb cannot fill
+the disk). Metadata a destination cannot hold (lamp, npy, pt) is dropped with
+a :class:`MetadataDroppedWarning`. docs/CLI.md's table says what each format
+keeps, converts and refuses.
+
 Example:
     >>> import numpy as np, tensorlist, tempfile, os
     >>> from tensorlist.convert import convert
@@ -36,16 +45,19 @@ Example:
 The package, one concept a module:
 
 - ``formats``: format names and their inference, dtype tables, ``Entry`` and ``Source``;
-- ``sources``: the reader of each format (``open_source``);
+- ``sources``: the reader of each format (``open_source``), every source checked as hostile input;
+- ``torchfile``: the torch source (torch imported only when a torch file is read);
 - ``sinks``: the writer of each format, and ``convert``;
 - ``compare``: ``diff``.
 """
 from __future__ import annotations
 
 from .compare import DiffResult, diff
-from .formats import DEFAULT_SHARD_BYTES, FORMATS, MAX_SAFETENSORS_HEADER, NPZ_SIDECAR, Entry, Source, infer_format
+from .formats import DEFAULT_SHARD_BYTES, FORMATS, MAX_EXPANSION, MAX_SAFETENSORS_HEADER, MIN_EXPANSION_BYTES, \
+    NPZ_SIDECAR, Entry, MetadataDroppedWarning, Source, infer_format
 from .sinks import convert
 from .sources import open_source
 
 __all__ = ["FORMATS", "convert", "infer_format", "open_source", "diff", "DiffResult", "DEFAULT_SHARD_BYTES",
-           "MAX_SAFETENSORS_HEADER", "NPZ_SIDECAR", "Entry", "Source"]
+           "MAX_SAFETENSORS_HEADER", "NPZ_SIDECAR", "MAX_EXPANSION", "MIN_EXPANSION_BYTES", "Entry", "Source",
+           "MetadataDroppedWarning"]

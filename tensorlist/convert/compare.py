@@ -5,6 +5,8 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
+from ..format import Limits
+from .formats import check_limits
 from .sources import open_source
 
 __all__ = ["diff", "DiffResult"]
@@ -56,14 +58,21 @@ def _max_abs_diff(a: np.ndarray, b: np.ndarray, chunk: int = 1 << 22) -> float:
     return best
 
 
-def diff(a, b, *, a_format: Optional[str] = None, b_format: Optional[str] = None, atol: float = 0.0) -> DiffResult:
+def diff(a, b, *, a_format: Optional[str] = None, b_format: Optional[str] = None, atol: float = 0.0,
+         max_tensors: Optional[int] = None, max_total_bytes: Optional[int] = None) -> DiffResult:
     """Compares two files of any supported formats tensor by tensor.
 
     Tensors whose bytes are equal are the same; otherwise the largest absolute
     difference is computed (in float64), and tensors within ``atol`` count as the same.
+    ``max_tensors`` and ``max_total_bytes`` are :func:`convert`'s limits, applied to each file
+    before its tensors are read.
     """
     out = DiffResult()
-    with open_source(a, a_format) as sa, open_source(b, b_format) as sb:
+    limits = Limits.of(max_tensors=max_tensors, max_total_bytes=max_total_bytes)
+    with open_source(a, a_format, max_tensors=max_tensors, max_total_bytes=max_total_bytes) as sa, \
+            open_source(b, b_format, max_tensors=max_tensors, max_total_bytes=max_total_bytes) as sb:
+        check_limits(sa, limits)
+        check_limits(sb, limits)
         eb = {e.name: e for e in sb.entries}
         ea = {e.name: e for e in sa.entries}
         out.only_a = [n for n in ea if n not in eb]

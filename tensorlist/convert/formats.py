@@ -1,8 +1,11 @@
 """What the converters share: format names and their inference, the dtype tables, ``Entry`` and ``Source``.
 
 A :class:`Source` (built by ``sources``) is the tensors of a file as lazy
-:class:`Entry` objects; a sink (``sinks``) writes them one at a time. Imports
-``_backends``, ``_dtypes``, ``format`` and ``errors`` only.
+:class:`Entry` objects; a sink (``sinks``) writes them one at a time. Every
+source's shapes obey tensorlist's own rules (:func:`check_shape`) and every
+conversion the readers' limits (:func:`check_limits`: ``max_tensors``, and a
+cap on what a source may expand to). Imports ``_backends``, ``_dtypes``,
+``format`` and ``errors`` only.
 """
 from __future__ import annotations
 
@@ -18,32 +21,94 @@ import numpy as np
 from .. import _dtypes
 from .._backends import is_remote, localize
 from ..errors import FormatError
-from ..format import open_regular
+from ..format import MAX_DIMS, MAX_INT, Limits, open_regular, short_repr
 
 __all__ = ["FORMATS", "MAX_SAFETENSORS_HEADER", "DEFAULT_SHARD_BYTES", "NPZ_SIDECAR", "ST_DTYPES", "ST_NAMES",
-           "RAW_DTYPES", "UINT", "check_format", "infer_format", "Entry", "Source"]
+           "ST_RANK", "ST_NOT_HERE", "RAW_DTYPES", "UINT", "MAX_EXPANSION", "MIN_EXPANSION_BYTES",
+           "check_format", "check_shape", "row_of", "check_limits", "expansion_cap", "infer_format", "Entry", "Source", "MetadataDroppedWarning"]
 
 FORMATS = ("tensorlist", "lamp", "safetensors", "hf", "npz", "npy", "pt")
 
-#: Largest safetensors header read (the safetensors library uses the same 100 MB cap).
+#: Largest safetensors header read or written (safetensors' own MAX_HEADER_SIZE, 100 MB decimal).
 MAX_SAFETENSORS_HEADER = 100_000_000
 #: Default largest shard written for a Hugging Face checkpoint (``save_pretrained``'s 5GB).
 DEFAULT_SHARD_BYTES = 5_000_000_000
 #: npz entry holding what npz cannot say itself (dtype names, metadata, named or positional).
 NPZ_SIDECAR = "__tensorlist__"
 
-#: safetensors dtype names -> tensorlist dtype names (and back).
-ST_DTYPES = {
-    "BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "int16", "U16": "uint16", "I32": "int32",
-    "U32": "uint32", "I64": "int64", "U64": "uint64", "F16": "float16", "BF16": "bfloat16",
-    "F32": "float32", "F64": "float64", "F8_E5M2": "float8_e5m2", "F8_E4M3": "float8_e4m3fn",
-    "C64": "complex64",
-}
+#: safetensors' dtype enum (``Dtype`` in safetensors/src/tensor.rs, 0.8), in its declared order: its
+#: writer sorts tensors by this order, descending, then by name, so that back-to-back tensors stay
+#: aligned to their item size. Each maps to a tensorlist dtype name, or None where tensorlist has none.
+_ST_ENUM = (("BOOL", "bool"), ("F4", None), ("F6_E2M3", None), ("F6_E3M2", None), ("U8", "uint8"),
+            ("I8", "int8"), ("F8_E5M2", "float8_e5m2"), ("F8_E4M3", "float8_e4m3fn"),
+            ("F8_E8M0", "float8_e8m0fnu"), ("F8_E4M3FNUZ", "float8_e4m3fnuz"),
+            ("F8_E5M2FNUZ", "float8_e5m2fnuz"), ("I16", "int16"), ("U16", "uint16"), ("F16", "float16"),
+            ("BF16", "bfloat16"), ("I32", "int32"), ("U32", "uint32"), ("F32", "float32"),
+            ("C64", "complex64"), ("F64", "float64"), ("I64", "int64"), ("U64", "uint64"))
+#: safetensors dtype names -> tensorlist dtype names (every dtype both have), and back.
+ST_DTYPES = {st: name for st, name in _ST_ENUM if name is not None}
 ST_NAMES = {v: k for k, v in ST_DTYPES.items()}
+#: position of each safetensors dtype in its enum (the writer's sort key)
+ST_RANK = {st: i for i, (st, _) in enumerate(_ST_ENUM)}
+#: safetensors dtypes tensorlist cannot hold: sub-byte elements (tensorlist stores whole bytes)
+ST_NOT_HERE = {"F4": "4-bit float", "F6_E2M3": "6-bit float", "F6_E3M2": "6-bit float"}
 #: dtypes numpy's .npy header cannot name (ml_dtypes): stored as same-size unsigned ints
 RAW_DTYPES = frozenset({"bfloat16", "float8_e5m2", "float8_e4m3fn", "float8_e5m2fnuz", "float8_e4m3fnuz",
                         "float8_e8m0fnu"})
 UINT = {1: np.dtype("u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4"), 8: np.dtype("<u8")}
+
+#: What a source may expand to, unless the caller raises it (``max_total_bytes=``): this many times
+#: its files' size, or MIN_EXPANSION_BYTES, whichever is larger. Formats that store bytes raw never
+#: come near it (their tensors tile the file); a compressed npz member or torch record can (deflate
+#: reaches about 1000x on zeros: a zip bomb), and so can a torch file whose tensors are many views
+#: of one storage.
+MAX_EXPANSION = 16
+MIN_EXPANSION_BYTES = 64 << 20
+
+
+class MetadataDroppedWarning(UserWarning):
+    """The destination format cannot hold the source's metadata, which is not written."""
+
+
+def row_of(dt: np.dtype, path: str, name: str, index: Optional[int] = None) -> _dtypes.DType:
+    """The dtype table row of a numpy dtype read from a source, or a FormatError naming the tensor."""
+    try:
+        return _dtypes.from_numpy(dt)
+    except (TypeError, KeyError) as e:
+        raise FormatError(f"dtype {dt} has no tensorlist dataType code", file=path, tensor_index=index,
+                          tensor_name=name, field="dtype") from e
+
+
+def check_shape(shape, row: _dtypes.DType, *, file, index: Optional[int] = None, name: Optional[str] = None,
+                field: str = "shape") -> int:
+    """The tensor's byte size, or a FormatError when its shape breaks tensorlist's rules.
+
+    The rules are FORMAT.md's for ``dims`` (rule 3, and rule 8 with its empty-tensor clause), applied
+    to every source format so that whatever converts also loads: non-negative integers, at most
+    ``MAX_DIMS`` of them, their product times the item size within 2**63 - 1, and for an empty tensor
+    the product of its non-zero dims times the item size too (numpy cannot build ``(0, 2**62)`` of
+    int16: "array is too big").
+    """
+    def fail(reason):
+        raise FormatError(reason, file=file, tensor_index=index, tensor_name=name, field=field)
+
+    if not isinstance(shape, (list, tuple)):
+        fail(f"must be a list of non-negative integers, got {short_repr(shape)}")
+    if len(shape) > MAX_DIMS:
+        fail(f"{len(shape)} dims, more than the {MAX_DIMS} a tensor may have")
+    size = row.itemsize
+    zero = False
+    for d in shape:
+        if type(d) is not int or d < 0:
+            fail(f"must be a list of non-negative integers, got {short_repr(list(shape))}")
+        if d == 0:
+            zero = True
+        elif size <= MAX_INT:
+            size *= d
+    if size > MAX_INT:
+        fail(f"dims {short_repr(list(shape))} x {row.itemsize} bytes ({row.name}) "
+             + ("overflow 64 bits in their non-zero dims" if zero else "is more than 2**63 bytes"))
+    return 0 if zero else size
 
 
 def check_format(fmt: str) -> str:
@@ -124,10 +189,14 @@ class Source:
         entries: one :class:`Entry` per tensor.
         named: False for a positional list (lamp, ``.npy``): names are ``"0"``, ``"1"``...
         metadata: list-level metadata (any JSON value) or None.
+        disk_bytes: the size of the files read (what the expansion cap is relative to), or None
+            when unknown (a remote file).
     """
 
-    def __init__(self, path: str, fmt: str, entries: List[Entry], named: bool, metadata: Any, closers=()):
+    def __init__(self, path: str, fmt: str, entries: List[Entry], named: bool, metadata: Any, closers=(),
+                 disk_bytes: Optional[int] = None):
         self.path, self.format, self.entries, self.named, self.metadata = path, fmt, entries, named, metadata
+        self.disk_bytes = disk_bytes
         self._closers = list(closers)
 
     @property
@@ -151,3 +220,30 @@ class Source:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def expansion_cap(disk_bytes: Optional[int], max_total_bytes: Optional[int]) -> Optional[int]:
+    """The most bytes a source of ``disk_bytes`` may expand to (None: no cap)."""
+    if max_total_bytes is not None:
+        return max_total_bytes
+    if disk_bytes is None:
+        return None
+    return max(MAX_EXPANSION * disk_bytes, MIN_EXPANSION_BYTES)
+
+
+def check_limits(src: Source, limits: Limits, *, expansion: bool = True) -> None:
+    """Refuses a source with more tensors than ``limits.max_tensors``, or (``expansion``) expanding past the cap.
+
+    Run before anything is written or read in bulk: the entries' sizes come from headers alone.
+    """
+    n = len(src.entries)
+    if n > limits.max_tensors:
+        raise FormatError(f"{n} tensors, above the limit of {limits.max_tensors} (raise it with max_tensors=)",
+                          file=src.path)
+    cap = expansion_cap(src.disk_bytes, limits.max_total_bytes) if expansion else None
+    total = src.nbytes
+    if cap is not None and total > cap:
+        how = "the limit" if limits.max_total_bytes is not None else \
+            f"the limit of {MAX_EXPANSION} x its {src.disk_bytes} bytes on disk"
+        raise FormatError(f"its tensors expand to {total} bytes, above {how} ({cap} bytes; a compressed or "
+                          "aliased source, or a zip bomb): raise it with max_total_bytes=", file=src.path)

@@ -14,6 +14,7 @@ import json
 import os
 import struct
 import sys
+import warnings
 import zipfile
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -22,9 +23,10 @@ import numpy as np
 from .._backends import is_remote, localize
 from .._commit import atomic_file, durable_replace, tmp_beside
 from .._jsonio import dumps
+from ..format import Limits, short_repr
 from ..writer import Writer
-from .formats import DEFAULT_SHARD_BYTES, NPZ_SIDECAR, RAW_DTYPES, ST_NAMES, UINT, Entry, Source, check_format, \
-    infer_format
+from .formats import DEFAULT_SHARD_BYTES, MAX_SAFETENSORS_HEADER, NPZ_SIDECAR, RAW_DTYPES, ST_NAMES, ST_RANK, UINT, \
+    Entry, MetadataDroppedWarning, Source, check_format, check_limits, infer_format
 from .sources import open_source
 
 __all__ = ["convert", "Progress"]
@@ -71,7 +73,7 @@ def _bytes_of(a: np.ndarray) -> memoryview:
 
 
 def _write_tensorlist(src: Source, dst: str, lamp: bool, bar: Progress, durable: bool, options: dict) -> None:
-    metadata = None if lamp else src.metadata
+    metadata = None if lamp else src.metadata  # lamp files hold none: convert() warned
     if not is_remote(dst):
         _checked_destination(dst)
     with Writer(dst, metadata=metadata, lamp=lamp, durable=durable, **options) as w:
@@ -86,34 +88,67 @@ def _write_tensorlist(src: Source, dst: str, lamp: bool, bar: Progress, durable:
 
 # --- safetensors and Hugging Face shards ---------------------------------------------
 
-def _st_metadata_out(metadata: Any) -> Optional[Dict[str, str]]:
+def _st_metadata_out(metadata: Any) -> Dict[str, str]:
+    """The ``__metadata__`` of a safetensors destination: ``"format": "pt"`` first, as Hugging Face writes it.
+
+    ``huggingface_hub.load_torch_model`` and transformers refuse a file whose
+    metadata lacks a ``format`` of ``pt`` (or ``mlx``), so one is always
+    written (unless the metadata has a ``format`` of its own); string metadata
+    follows as it is, any other JSON under ``tensorlist.metadata``.
+    """
     if metadata is None:
-        return None
+        return {"format": "pt"}
     if isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values()):
-        return dict(metadata)
-    return {"tensorlist.metadata": dumps(metadata)}
+        # kept in its own order (a file read and written back keeps its header's bytes)
+        return dict(metadata) if "format" in metadata else {"format": "pt", **metadata}
+    return {"format": "pt", "tensorlist.metadata": dumps(metadata)}
 
 
-def _st_header(entries: Sequence[Entry], metadata: Optional[Dict[str, str]], extra_pad_to: int = 8) -> bytes:
+def _st_order(entries: Sequence[Entry]) -> List[Entry]:
+    """The entries in the order safetensors' writer lays them out: by dtype, widest first, then by name.
+
+    Back to back in that order, after a header padded to a multiple of 8, each
+    tensor starts at a multiple of its item size in the file, so readers can map
+    it zero-copy; and the bytes are the ones ``safetensors.torch.save_file``
+    writes for the same tensors and metadata.
+    """
+    for e in entries:
+        if e.name == "__metadata__":
+            raise ValueError("tensor name '__metadata__' is reserved in safetensors files (the metadata key)")
+        if e.dtype.name not in ST_NAMES:
+            raise TypeError(f"tensor {e.name!r}: safetensors has no {e.dtype.name} dtype "
+                            "(its complex type is C64 only); convert to .tl, .npz or .pt instead")
+    return sorted(entries, key=lambda e: (-ST_RANK[ST_NAMES[e.dtype.name]], e.name.encode("utf-8", "surrogatepass")))
+
+
+def _st_header(entries: Sequence[Entry], metadata: Optional[Dict[str, str]]) -> bytes:
+    """The 8-byte length and the header of ``entries`` (already in :func:`_st_order`), padded to 8 with spaces."""
     header: Dict[str, Any] = {}
     if metadata:
         header["__metadata__"] = metadata
     off = 0
     for e in entries:
-        if e.dtype.name not in ST_NAMES:
-            raise TypeError(f"tensor {e.name!r}: dtype {e.dtype.name} cannot be stored in safetensors")
         header[e.name] = {"dtype": ST_NAMES[e.dtype.name], "shape": list(e.shape),
                           "data_offsets": [off, off + e.nbytes]}
         off += e.nbytes
-    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-    text += b" " * (-len(text) % extra_pad_to)
+    try:
+        text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"a tensor name or metadata string is not valid Unicode ({e.reason}): safetensors "
+                         "headers are UTF-8") from None
+    text += b" " * (-len(text) % 8)
+    if len(text) > MAX_SAFETENSORS_HEADER:
+        raise ValueError(f"the safetensors header would be {len(text)} bytes, above safetensors' limit of "
+                         f"{MAX_SAFETENSORS_HEADER} (too many tensors or too much metadata for one file)")
     return struct.pack("<Q", len(text)) + text
 
 
 def _write_st_file(path: str, entries: Sequence[Entry], metadata, bar: Progress) -> None:
     """Writes a safetensors file at ``path`` (a temporary name: the caller fsyncs and renames it)."""
+    entries = _st_order(entries)
+    header = _st_header(entries, metadata)
     with open(path, "wb") as f:
-        f.write(_st_header(entries, metadata))
+        f.write(header)
         for e in entries:
             f.write(_bytes_of(e.array()))
             bar.update(e.nbytes)
@@ -121,8 +156,10 @@ def _write_st_file(path: str, entries: Sequence[Entry], metadata, bar: Progress)
 
 def _write_safetensors(src: Source, dst: str, bar: Progress, durable: bool, options: dict) -> None:
     _checked_destination(dst)
+    metadata = _st_metadata_out(src.metadata)
+    _st_header(_st_order(src.entries), metadata)  # every refusal before the destination is touched
     with atomic_file(dst, durable=durable) as tmp:
-        _write_st_file(tmp, src.entries, _st_metadata_out(src.metadata), bar)
+        _write_st_file(tmp, src.entries, metadata, bar)
 
 
 def _shard_names(dst: str, n: int) -> List[str]:
@@ -130,6 +167,28 @@ def _shard_names(dst: str, n: int) -> List[str]:
     stem = base[: -len(".safetensors.index.json")] if base.endswith(".safetensors.index.json") else \
         base[: -len(".index.json")] if base.endswith(".index.json") else base
     return [f"{stem}-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
+
+
+def _hf_shards(entries: Sequence[Entry], limit: int) -> List[List[Entry]]:
+    """Greedy shards, in order: a shard is closed when the next tensor would take it past ``limit``.
+
+    On a state_dict this is ``huggingface_hub.split_torch_state_dict_into_shards``
+    (except that a tensor larger than ``limit``, which gets a shard of its own
+    either way, is not moved before the shard being filled). On the order of an
+    index's ``weight_map`` (shard by shard, which is how a Hugging Face
+    checkpoint reads) it gives back the shards the index had, big tensors
+    included: an index read and written with its ``max_shard_size`` keeps its
+    ``weight_map`` and its shards' bytes.
+    """
+    shards: List[List[Entry]] = [[]]
+    size = 0
+    for e in entries:
+        if shards[-1] and size + e.nbytes > limit:
+            shards.append([])
+            size = 0
+        shards[-1].append(e)
+        size += e.nbytes
+    return shards
 
 
 def _write_hf(src: Source, dst: str, bar: Progress, durable: bool, options: dict) -> None:
@@ -143,15 +202,9 @@ def _write_hf(src: Source, dst: str, bar: Progress, durable: bool, options: dict
     replaced one by one during those renames.)
     """
     _checked_destination(dst)
-    limit = int(options.get("shard_bytes") or DEFAULT_SHARD_BYTES)
-    shards: List[List[Entry]] = [[]]
-    size = 0
-    for e in src.entries:
-        if shards[-1] and size + e.nbytes > limit:
-            shards.append([])
-            size = 0
-        shards[-1].append(e)
-        size += e.nbytes
+    shards = _hf_shards(src.entries, int(options.get("shard_bytes") or DEFAULT_SHARD_BYTES))
+    for entries in shards:
+        _st_header(_st_order(entries), {"format": "pt"})  # every refusal before anything is written
     names = _shard_names(dst, len(shards))
     folder = os.path.dirname(os.path.abspath(dst))
     finals = [os.path.join(folder, name) for name in names] + [os.path.abspath(dst)]
@@ -161,14 +214,12 @@ def _write_hf(src: Source, dst: str, bar: Progress, durable: bool, options: dict
         for final, entries in zip(finals, shards):
             tmps.append(tmp_beside(final))
             _write_st_file(tmps[-1], entries, {"format": "pt"}, bar)
-        meta: Dict[str, Any] = {"total_size": src.nbytes}
-        if src.metadata is not None:
-            meta["tensorlist_metadata"] = src.metadata
+        meta = _hf_metadata_out(src.metadata, src.nbytes)
         index = {"metadata": meta,
                  "weight_map": {e.name: name for name, entries in zip(names, shards) for e in entries}}
         tmps.append(tmp_beside(dst))
-        with open(tmps[-1], "w", encoding="utf-8") as f:
-            f.write(json.dumps(index, indent=2, ensure_ascii=False) + "\n")
+        with open(tmps[-1], "w", encoding="ascii") as f:
+            f.write(json.dumps(index, indent=2))  # as huggingface_hub's save_torch_state_dict writes it
         for tmp, final in zip(tmps, finals):
             durable_replace(tmp, final, durable)
             placed.append(final)
@@ -179,6 +230,26 @@ def _write_hf(src: Source, dst: str, bar: Progress, durable: bool, options: dict
             except OSError:
                 pass
         raise
+
+
+def _hf_metadata_out(metadata: Any, total: int) -> Dict[str, Any]:
+    """An index's ``metadata``: ``total_size`` first, then the source's keys beside it, as Hugging Face writes them.
+
+    ``save_torch_state_dict(metadata={"run": "x"})`` writes ``{"total_size": N,
+    "run": "x"}`` (and the tied weights it dropped as ``name: kept name``);
+    metadata read from such an index comes back there key for key. Metadata
+    that is not an object, or that would clash with ``total_size``, goes under
+    ``tensorlist_metadata`` instead.
+    """
+    meta: Dict[str, Any] = {"total_size": total}
+    if metadata is None:
+        return meta
+    if isinstance(metadata, dict) and "tensorlist_metadata" not in metadata and \
+            isinstance(metadata.get("total_size", total), int):
+        meta.update(metadata)  # a total_size kept there is the one the index it came from said
+        return meta
+    meta["tensorlist_metadata"] = metadata
+    return meta
 
 
 # --- numpy and torch ---------------------------------------------------------------
@@ -242,7 +313,8 @@ _WRITERS = {"safetensors": _write_safetensors, "hf": _write_hf, "npz": _write_np
 
 def convert(src, dst, *, src_format: Optional[str] = None, dst_format: Optional[str] = None,
             progress: Optional[bool] = None, allow_outside: bool = False, shard_bytes: Optional[int] = None,
-            pointer: Optional[str] = None, durable: bool = True, **writer_options) -> None:
+            pointer: Optional[str] = None, durable: bool = True, max_tensors: Optional[int] = None,
+            max_total_bytes: Optional[int] = None, **writer_options) -> None:
     """Converts ``src`` into ``dst``, tensor by tensor, bit for bit.
 
     Args:
@@ -254,11 +326,22 @@ def convert(src, dst, *, src_format: Optional[str] = None, dst_format: Optional[
         shard_bytes: largest shard of a Hugging Face destination (default 5 GB).
         durable: fsync the destination and its directory before returning, whatever the format
             (False keeps the atomic rename but may lose the file to a power cut).
+        max_tensors: most tensors the source may hold (the readers' ``MAX_TENSORS`` by default).
+        max_total_bytes: most bytes the source's tensors may expand to. By default
+            ``MAX_EXPANSION`` (16) times the source's size on disk, at least
+            ``MIN_EXPANSION_BYTES`` (64 MiB): a compressed npz member, a zip bomb
+            or a torch file of aliased views cannot fill the disk. Checked from
+            the headers, before anything is written.
         **writer_options: passed to :class:`tensorlist.Writer` for tensorlist destinations
             (``alignment``, ``checksum``...).
 
+    Warns:
+        MetadataDroppedWarning: the source has metadata and the destination (lamp, npy, pt)
+            cannot hold it.
+
     Raises:
-        FormatError: the source is not a valid file of its format (nothing is written).
+        FormatError: the source is not a valid file of its format, or over a limit (nothing is
+            written).
         ValueError, TypeError: the destination format cannot hold the source's tensors.
         OSError: a file cannot be read or written.
     """
@@ -268,7 +351,13 @@ def convert(src, dst, *, src_format: Optional[str] = None, dst_format: Optional[
         raise ValueError(f"{dst}: remote URLs are supported for tensorlist and lamp files, not {dst_format}")
     if not is_remote(src) and not is_remote(dst) and os.path.exists(dst) and os.path.samefile(src, dst):
         raise ValueError(f"{src} and {dst} are the same file")
-    with open_source(src, src_format, allow_outside=allow_outside, pointer=pointer) as s:
+    limits = Limits.of(max_tensors=max_tensors, max_total_bytes=max_total_bytes)
+    with open_source(src, src_format, allow_outside=allow_outside, pointer=pointer, max_tensors=max_tensors,
+                     max_total_bytes=max_total_bytes) as s:
+        check_limits(s, limits)
+        if s.metadata is not None and dst_format in ("lamp", "npy", "pt"):
+            warnings.warn(f"{src}: its metadata ({short_repr(s.metadata, 60)}) is not written to {dst}: "
+                          f"{dst_format} files cannot hold it", MetadataDroppedWarning, stacklevel=2)
         bar = Progress(s.nbytes, os.path.basename(dst), progress)
         try:
             if dst_format in ("tensorlist", "lamp"):
