@@ -249,7 +249,8 @@ class TensorListWriter(StorageWriter, BlockingAsyncStager):
                                      f"sizes {list(sizes)}")
                 name = tensor_key(fqn, offsets)
                 arrays[name] = a
-                entry = StorageEntry(fqn, offsets, shard.name, name, a.nbytes, None, _dtypes.from_numpy(a.dtype).name, sizes)
+                entry = StorageEntry(fqn, offsets, shard.name, name, a.nbytes, None, _dtypes.from_numpy(a.dtype).name,
+                                     sizes)
             results.append(WriteResult(index=item.index, size_in_bytes=entry.byte_length, storage_data=entry))
         if arrays:
             save(join(self.path, shard.name), arrays, metadata={"dcp": {"saveId": shard.save_id, "rank": self.rank}},
@@ -379,7 +380,10 @@ def _same_value(a, b) -> bool:
 
 
 def _copy_into(cache, v) -> bool:
-    """Copies ``v``'s values into ``cache`` (a :func:`_staged` copy of an earlier ``v``); False if they differ in shape."""
+    """Copies ``v``'s values into ``cache`` (a :func:`_staged` copy of an earlier ``v``).
+
+    Returns False, having copied nothing, when they differ in structure, shape or a non-tensor value.
+    """
     pairs, tensors = [(cache, v)], []
     while pairs:
         c, x = pairs.pop()

@@ -54,8 +54,8 @@ from .schema import schema_validator
 
 __all__ = ["METADATA_NAME", "FORMAT_NAME", "DCP_FORMAT_VERSION", "SCHEMA", "TensorMeta", "StorageEntry",
            "Checkpoint", "Shards", "metadata_document", "parse_metadata", "read_metadata", "validate_checkpoint",
-           "read_full", "check_shape", "encode_value", "decode_value", "shard_name", "tensor_key", "bytes_key", "join",
-           "is_save_file"]
+           "read_full", "check_shape", "schema_check", "encode_value", "decode_value", "shard_name", "tensor_key",
+           "bytes_key", "join", "is_save_file"]
 
 #: The global metadata's file name in the checkpoint directory (DCP's own is ``.metadata``, a pickle).
 METADATA_NAME = ".metadata.json"
@@ -261,8 +261,12 @@ def _escape(token: str) -> str:
     return token.replace("~", "~0").replace("/", "~1")
 
 
-def _schema_check(doc: Any, file: str) -> None:
-    """The shipped JSON Schema, through jsonschema (slow on big documents: see :func:`_check_shape`)."""
+def schema_check(doc: Any, file: str) -> None:
+    """The shipped JSON Schema, through jsonschema alone (seconds on big documents: see :func:`check_shape`).
+
+    Raises:
+        FormatError: the most relevant schema error, naming ``file`` and the field.
+    """
     from jsonschema.exceptions import best_match  # the deepest error: inside oneOf, the branch that nearly matched
 
     e = best_match(schema_validator(SCHEMA).iter_errors(doc))
@@ -415,7 +419,7 @@ def check_shape(doc: Any, *, file: str, schema: bool = False) -> None:
     """
     _Shape(file).document(doc)
     if schema:
-        _schema_check(doc, file)
+        schema_check(doc, file)
 
 
 def _numel(dims: Sequence[int]) -> int:
