@@ -140,6 +140,14 @@ def test_a_sparse_tensor_torch_cannot_load_is_a_format_error(tmp_path):
     assert _outputs(tmp_path) == []
 
 
+def test_a_nested_tensor_is_a_format_error_not_a_torch_internal_error(tmp_path):
+    torch.save({"w": torch.ones(1), "n": torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])},
+               tmp_path / "n.pt")
+    with pytest.raises(tl.FormatError, match=r"n.pt: tensor 1 \('n'\): a nested tensor has no single shape"):
+        convert(tmp_path / "n.pt", tmp_path / "out.tl", progress=False)
+    assert _outputs(tmp_path) == []
+
+
 def test_names_that_collide_once_joined_are_refused(tmp_path):
     torch.save({"a.b": torch.ones(1), "a": {"b": torch.zeros(1)}}, tmp_path / "c.pt")
     with pytest.raises(tl.FormatError, match=r"two values are named 'a.b'"):

@@ -456,6 +456,13 @@ def _bad_files():
         "float-shape": _st_bytes({"a": {"dtype": "U8", "shape": [1.0], "data_offsets": [0, 1]}}, b"\0"),
         "three-offsets": _st_bytes({"a": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1, 1]}}, b"\0"),
         "missing-shape": _st_bytes({"a": {"dtype": "U8", "data_offsets": [0, 1]}}, b"\0"),
+        # serde_json's limits hold in keys safetensors otherwise ignores
+        "deep-extra-key": _st_bytes(None, b"\0", raw_header=b'{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1],'
+                                                        b'"x":' + b"[" * 126 + b"]" * 126 + b"}}"),
+        "lone-surrogate-name": _st_bytes(None, b"\0", raw_header=b'{"\\ud800":{"dtype":"U8","shape":[1],'
+                                                             b'"data_offsets":[0,1]}}'),
+        "bom": _st_bytes(None, b"\0", raw_header=b'\xef\xbb\xbf{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}'),
+        "duplicate-metadata": _st_bytes(None, raw_header=b'{"__metadata__":{},"__metadata__":{}}'),
     }
 
 
@@ -503,6 +510,9 @@ def _good_files():
                                                  b"\1\2"),
         "extra-key-in-a-tensor": _st_bytes({"a": dict(_F32, x=1)}, b"\0" * 8),
         "metadata-null": _st_bytes({"__metadata__": None, "a": dict(_F32)}, b"\0" * 8),
+        "deep-extra-key-at-the-limit": _st_bytes(None, b"\0", raw_header=b'{"a":{"dtype":"U8","shape":[1],'
+                                                                     b'"data_offsets":[0,1],"x":'
+                                                                     + b"[" * 125 + b"]" * 125 + b"}}"),
     }
 
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from .. import _dtypes
 from .._backends import is_remote, localize
-from .._jsonio import loads_strict
+from .._jsonio import MAX_DEPTH, check_json, loads_strict
 from ..errors import FormatError
 from ..format import MAX_DESCRIPTOR_BYTES, Limits, ListDescriptor, check_data_path, check_location, open_regular, \
     read_json_file, short_repr
@@ -28,7 +28,11 @@ from .formats import MAX_SAFETENSORS_HEADER, NPZ_SIDECAR, RAW_DTYPES, ST_DTYPES,
     Source, check_format, check_limits, check_shape, infer_format, row_of
 from .torchfile import open_pt
 
-__all__ = ["open_source", "SafetensorsFile"]
+__all__ = ["open_source", "SafetensorsFile", "ST_MAX_DEPTH"]
+
+#: Deepest nesting a safetensors header may have: serde_json's recursion limit, which safetensors'
+#: parse inherits (127 levels of arrays and objects, the header object included; measured on 0.8).
+ST_MAX_DEPTH = 127
 
 
 def open_source(path, fmt: Optional[str] = None, *, allow_outside: bool = False, pointer: Optional[str] = None,
@@ -143,6 +147,13 @@ class SafetensorsFile:
             header = loads_strict(text, file=self.path)
         except FormatError as e:
             raise FormatError(f"header is not valid JSON: {e.reason}", file=self.path) from None
+        try:  # serde_json's parse refuses deeper nesting and lone surrogates, even in keys it ignores
+            check_json(header, file=self.path, depth=MAX_DEPTH - ST_MAX_DEPTH + 1)
+        except FormatError as e:
+            why = e.reason if "nests deeper" not in e.reason else \
+                f"nests deeper than {ST_MAX_DEPTH} levels (serde_json's limit, which safetensors applies)"
+            raise FormatError(f"header is not valid JSON for safetensors: {why}", file=self.path,
+                              field=e.field) from None
         if not isinstance(header, dict):
             raise FormatError(f"header is a JSON {type(header).__name__}, not an object", file=self.path)
         return header

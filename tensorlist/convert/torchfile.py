@@ -81,6 +81,9 @@ def open_pt(path: str, limits: Limits = Limits()) -> Source:
         named = False
     for i, (name, v) in enumerate(_flatten(obj, path, limits.max_tensors)):
         if isinstance(v, torch.Tensor):
+            if v.is_nested:  # no single shape (torch raises on .shape): nothing the bridge can take
+                raise FormatError("a nested tensor has no single shape to store: store its components "
+                                  "(unbind()) or to_padded_tensor()", file=path, tensor_index=i, tensor_name=name)
             if v.layout != torch.strided or v.is_quantized or v.is_meta:
                 tensor(v, i, name)  # no plain bytes: refused now, in the bridge's words
             try:
