@@ -585,3 +585,11 @@ def test_an_impossible_shape_is_a_format_error_naming_file_tensor_and_field(tmp_
     assert e.value.file == str(path) and e.value.tensor_name == name and e.value.field == "shape"
     assert ("65 dims" in str(e.value)) == (len(shape) == 65) and "\n" not in str(e.value)
     assert not (tmp_path / "out.tl").exists()
+
+
+def test_a_safetensors_header_with_leading_spaces_is_sniffed_as_safetensors(tmp_path):
+    (tmp_path / "weights.bin.x").write_bytes(_good_files()["whitespace-padded"])
+    (tmp_path / "lead.x").write_bytes(_st_bytes(None, b"\0" * 8, raw_header=b"   " + json.dumps({"a": _F32}).encode()))
+    for name in ("weights.bin.x", "lead.x"):
+        with open_source(tmp_path / name) as s:
+            assert s.format == "safetensors" and [e.name for e in s.entries] == ["a"]

@@ -155,7 +155,7 @@ def _sniff(path: str) -> Optional[str]:
                     return "pt" if any(n.endswith("data.pkl") for n in z.namelist()) else "npz"
             except zipfile.BadZipFile:
                 return None
-    if len(head) >= 9 and head[8:9] == b"{":
+    if len(head) >= 9 and head[8:].lstrip(b" \t\r\n")[:1] == b"{":  # safetensors accepts leading spaces
         n = struct.unpack("<Q", head[:8])[0]
         if 2 <= n <= MAX_SAFETENSORS_HEADER:
             return "safetensors"
