@@ -332,7 +332,6 @@ def test_async_save_kept_the_values_staged_before_it_returned(saved):
     assert_same(sd["w"], plain_tensors()["w"], "w")
 
 
-@pytest.mark.slow  # gloo processes
 def test_async_save_with_cached_staging_copies_into_the_same_buffers(tmp_path):
     sd = {"w": torch.arange(6.0), "opt": {"lr": 0.1, "m": [torch.ones(2)]}}
     writer = TensorListWriter(tmp_path, cache_staged_state_dict=True)
@@ -351,6 +350,7 @@ def test_async_save_with_cached_staging_copies_into_the_same_buffers(tmp_path):
     writer.wait()
 
 
+@pytest.mark.slow  # gloo processes
 @pytest.mark.parametrize("world", [2, 3])
 def test_saved_on_4_loads_on_2_and_3_ranks_resharded(saved, world):
     _launch("load", world, saved)
@@ -421,6 +421,16 @@ def test_a_value_json_cannot_hold_is_refused_naming_its_key_unless_pickle_is_all
     assert isinstance(read_full(tmp_path / "pickled")["cfg.obj"], bytes)  # raw, never unpickled
     dcp.load(back, storage_reader=TensorListReader(tmp_path / "pickled", allow_pickle=True))
     assert back["cfg"]["obj"] == Opaque(5)
+
+
+def test_a_checkpoint_loads_without_a_template_as_dcp_to_torch_save_does(tmp_path):
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+    dcp.save({"model": {"w": torch.ones(2, 2)}, "opt": {"lr": 0.1, "betas": (0.9, 0.99)}},
+             storage_writer=TensorListWriter(tmp_path))
+    sd = {}  # rebuilt from the metadata: shapes and dtypes from stateDict, nesting from the planner data
+    _load_state_dict(sd, storage_reader=TensorListReader(tmp_path), planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+    assert sd["opt"] == {"lr": 0.1, "betas": (0.9, 0.99)} and torch.equal(sd["model"]["w"], torch.ones(2, 2))
 
 
 def test_memory_url_single_process():
