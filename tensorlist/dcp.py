@@ -127,9 +127,11 @@ class TensorListWriter(StorageWriter, BlockingAsyncStager):
     """A DCP ``StorageWriter`` that saves each rank's chunks as a TensorList and the metadata as JSON.
 
     Use it as ``dcp.save(state_dict, storage_writer=TensorListWriter(path))``
-    or with ``dcp.async_save`` (it is its own stager: state dict copied to CPU
-    memory before ``async_save`` returns). One save per directory at a time;
-    a new save replaces the checkpoint in ``path`` atomically.
+    or with ``dcp.async_save`` (it is its own stager: the state dict is copied
+    to CPU memory before ``async_save`` returns). One save per directory at a
+    time, and one save per writer at a time (wait for an ``async_save``'s
+    future before the next save with the same writer); a new save replaces
+    the checkpoint in ``path`` atomically.
 
     Args:
         path: the checkpoint directory (created if missing), or an fsspec URL.
@@ -142,9 +144,11 @@ class TensorListWriter(StorageWriter, BlockingAsyncStager):
         checksum: store a CRC32C per chunk.
         threads: writer threads per rank (default: usable cores, at most 8).
         cache_staged_state_dict: for ``async_save``: keep the staged copy
-            between saves and copy into it (no fresh memory per save) while the
-            state dict keeps its structure. Costs a copy of the state dict in
-            memory between saves.
+            while this writer lives and copy the next save's state into it
+            while the state dict keeps its structure (as DCP's DefaultStager
+            keeps its staged storages). Faulting in fresh memory for every
+            save makes the loop wait several times longer (bench/bench_dcp.py);
+            pass False to give the copy back after each save.
 
     Raises (from ``dcp.save``, wrapped by DCP in a CheckpointException):
         TypeError: a non-tensor value is not JSON, or a tensor cannot be
@@ -152,7 +156,7 @@ class TensorListWriter(StorageWriter, BlockingAsyncStager):
     """
 
     def __init__(self, path, *, allow_pickle: bool = False, durable: bool = True, overwrite: bool = True,
-                 checksum: bool = True, threads: Optional[int] = None, cache_staged_state_dict: bool = False):
+                 checksum: bool = True, threads: Optional[int] = None, cache_staged_state_dict: bool = True):
         StorageWriter.__init__(self)
         BlockingAsyncStager.__init__(self, cache_staged_state_dict=cache_staged_state_dict)
         self.path = os.fspath(path)
@@ -315,9 +319,10 @@ class TensorListWriter(StorageWriter, BlockingAsyncStager):
     def stage(self, state_dict):
         """The copy ``dcp.async_save`` writes from, made before it returns.
 
-        CPU tensors and DTensors are copied into fresh memory (or, with
-        ``cache_staged_state_dict``, into the copy of the previous save when
-        the state dict has the same structure); other values are deep-copied.
+        CPU tensors and DTensors are copied into the copy of the previous
+        save when the state dict has the same structure (with
+        ``cache_staged_state_dict``, the default), else into fresh memory;
+        other values are deep-copied.
         A state dict with tensors on other devices goes through DCP's own
         stager (a CPU copy).
         """
