@@ -31,7 +31,7 @@ from tensorlist import _dtypes
 from tensorlist._torch_bridge import from_numpy
 from tensorlist.dcp import TensorListReader, TensorListWriter, read_full, validate_checkpoint
 from tensorlist.dcp_read import (METADATA_NAME, SCHEMA, StorageEntry, TensorMeta, schema_check, check_shape,
-                                 metadata_document, read_metadata)
+                                 metadata_document, parse_metadata, read_metadata)
 from tensorlist.errors import FormatError
 from tensorlist.schema import load_schema, schema_validator
 
@@ -573,6 +573,14 @@ def test_a_pickle_planted_as_the_metadata_is_refused_and_never_run(saved, tmp_pa
 
 
 # --- the layout's schema, and reading without torch ------------------------------------------
+
+def test_the_example_of_format_md_is_a_valid_metadata_document():
+    spec = open(os.path.join(REPO, "docs", "FORMAT.md"), encoding="utf-8").read().split("## Distributed checkpoints")[1]
+    doc = json.loads(spec.split("```json\n", 1)[1].split("```", 1)[0])
+    check_shape(doc, file="FORMAT.md", schema=True)
+    ckpt = parse_metadata(doc, file="FORMAT.md")
+    assert ckpt.storage[("w", (2, 0))].shape == (2, 2) and ckpt.bytes_keys == ["step"]
+
 
 def test_the_schema_is_valid_and_its_dtypes_are_the_dtype_table():
     schema = load_schema(SCHEMA)
