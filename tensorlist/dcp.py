@@ -24,9 +24,9 @@ What changes is the storage (docs/FORMAT.md, "Distributed checkpoints (DCP)"):
 Checkpoints are read without torch too: :func:`read_full` and
 :func:`validate_checkpoint` come from :mod:`tensorlist.dcp_read`.
 
-Imports torch (an adapter), ``dcp_read``, ``writer``, ``_torch_bridge``,
-``_commit``, ``_backends``, ``_jsonio`` and ``errors``. Nothing in the package
-imports this module.
+Imports torch (an adapter), ``dcp_read``, ``writer``, ``format``,
+``_torch_bridge``, ``_commit``, ``_backends``, ``_jsonio``, ``_dtypes`` and
+``errors`` (fsspec for URLs). Nothing in the package imports this module.
 
 Example:
     >>> import torch, tempfile, torch.distributed.checkpoint as dcp

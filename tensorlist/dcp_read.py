@@ -30,9 +30,10 @@ this order and stop at the first failure; each ``FormatError`` names the file
    tensor with the chunk's dtype and shape (uint8 ``[byteLength]`` for bytes).
 
 Imports ``format``, ``reader``, ``schema``, ``_jsonio``, ``_dtypes``,
-``_backends``, ``errors`` and numpy (fsspec only for URLs); never torch, so it
-works where torch is not installed. :mod:`tensorlist.dcp` (the torch adapter)
-builds on it and re-exports :func:`read_full` and :func:`validate_checkpoint`.
+``_backends``, ``errors`` and numpy (jsonschema for :func:`schema_check`,
+fsspec only for URLs); never torch, so it works where torch is not installed.
+:mod:`tensorlist.dcp` (the torch adapter) builds on it and re-exports
+:func:`read_full` and :func:`validate_checkpoint`.
 """
 from __future__ import annotations
 
