@@ -44,10 +44,16 @@ def check_alignment(alignment: int) -> int:
     return alignment
 
 
+def _is_torch_tensor(value) -> bool:
+    """A torch tensor, subclasses defined anywhere included, without importing torch to ask."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
 def as_array(value, where: str) -> np.ndarray:
     if isinstance(value, np.ndarray):
         arr = value
-    elif type(value).__module__.startswith("torch"):
+    elif _is_torch_tensor(value):
         from ._torch_bridge import to_numpy  # torch is imported only when torch tensors come in
 
         arr = to_numpy(value, where)

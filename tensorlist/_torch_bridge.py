@@ -8,8 +8,8 @@ converts through here, so every path resolves and refuses the same tensors:
 
 - conjugate and negative views (``t.conj()``, ``torch._neg_view``) are
   resolved: the values are saved, not the lazy bit;
-- sparse (COO, CSR, ...), meta-device and quantized tensors have no plain
-  bytes to save and are refused with a TypeError naming the tensor, as
+- sparse (COO, CSR, ...), nested, meta-device and quantized tensors have no
+  plain bytes to save and are refused with a TypeError naming the tensor, as
   safetensors does for sparse tensors.
 """
 from __future__ import annotations
@@ -38,6 +38,8 @@ def torch_dtype(code_or_name) -> torch.dtype:
 
 
 def _refusal(t: torch.Tensor) -> Optional[str]:
+    if t.is_nested:
+        return "a nested tensor has no single shape to store: store its components (t.unbind()) instead"
     if t.layout != torch.strided:
         return f"a sparse tensor ({t.layout}) has no dense bytes to store: call .to_dense() first"
     if t.is_quantized:

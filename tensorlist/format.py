@@ -33,6 +33,8 @@ __all__ = [
     "MAX_INT",
     "MAX_DIMS",
     "short_repr",
+    "shape_nbytes",
+    "dims_problem",
     "TensorSpan",
     "Limits",
     "TensorInfo",
@@ -506,13 +508,9 @@ def parse_list(
         for i in np.flatnonzero(spans["length"] == 0).tolist():
             # An empty tensor's other dims must still make a representable shape (numpy and
             # torch refuse e.g. [0, 2**62] of int16: the non-zero dims overflow 64 bits).
-            shape, size = table.shapes[i], table.dtypes[i].itemsize
-            for d in shape:
-                size *= d or 1
-            if size > MAX_INT:
-                t = table[i]
-                fail(f"dims {short_repr(list(shape))}: the non-zero dims x {t.dtype.itemsize} bytes overflow 64 bits",
-                     "dims", i, t.name)
+            why = dims_problem(table.shapes[i], table.dtypes[i].itemsize)
+            if why is not None:
+                fail(why, "dims", i, table[i].name)
         status, bad, other = _lowlevel.check_layout(spans, list_length, MIN_TENSOR_ALIGNMENT)
         if status:
             kind = _lowlevel.STATUS_NAMES[status]
@@ -553,8 +551,14 @@ def _utf8(text: str) -> bool:
         return False
 
 
-def _nbytes(dims, itemsize: int) -> Optional[int]:
-    """dims x itemsize, or None once the product passes 2**63 (bounded work on hostile dims)."""
+def shape_nbytes(dims, itemsize: int) -> Tuple[Optional[int], bool]:
+    """``(dims x itemsize or None past 2**63, whether the non-zero dims x itemsize fit 2**63)``.
+
+    The size arithmetic of rule 8, bounded: the product stops growing at the
+    first value past 2**63 - 1, so hostile dims cost one multiplication each.
+    An empty tensor (a 0 dim) is 0 bytes, but numpy and torch still refuse to
+    build it when its other dims overflow (``[0, 2**62]`` of int16).
+    """
     n = itemsize
     zero = False
     for d in dims:
@@ -562,7 +566,29 @@ def _nbytes(dims, itemsize: int) -> Optional[int]:
             zero = True
         elif n <= MAX_INT:
             n *= d
-    return 0 if zero else (n if n <= MAX_INT else None)
+    return (0 if zero else (n if n <= MAX_INT else None)), n <= MAX_INT
+
+
+def dims_problem(dims, itemsize: int, dtype_name: str = "") -> Optional[str]:
+    """Why ``dims`` cannot be a tensor's shape (rules 3 and 8), or None: the one shape rule.
+
+    Non-negative integers below 2**63, at most ``MAX_DIMS`` of them, and the
+    product of the non-zero ones times the item size within 2**63 - 1. Every
+    reader of every format (descriptors here, the converters' sources) asks this.
+    """
+    if type(dims) not in (list, tuple):
+        return f"must be an array of non-negative integers, got {short_repr(dims)}"
+    if len(dims) > MAX_DIMS:
+        return f"{len(dims)} dims, more than the {MAX_DIMS} a tensor may have"
+    for d in dims:
+        if not _is_int(d) or d < 0 or d > MAX_INT:
+            return f"must be an array of non-negative integers, got {short_repr(list(dims))}"
+    size, fits = shape_nbytes(dims, itemsize)
+    if not fits:
+        what = f" ({dtype_name})" if dtype_name else ""
+        return (f"dims {short_repr(list(dims))} x {itemsize} bytes{what} overflow 64 bits in their non-zero dims"
+                if size == 0 else f"dims {short_repr(list(dims))} x {itemsize} bytes{what} is more than 2**63 bytes")
+    return None
 
 
 def short_repr(value, limit: int = 80) -> str:
@@ -618,14 +644,11 @@ def _slow_table(tensors: list, fail) -> TensorTable:
         if not _is_int(ln) or ln < 0 or ln > MAX_INT:
             fail(f"must be an integer in [0, 2**63), got {ln!r}", "byteLength", i, name)
         dims = t.get("dims", [])
-        if type(dims) is not list:
-            fail(f"must be an array of non-negative integers, got {short_repr(dims)}", "dims", i, name)
-        if len(dims) > MAX_DIMS:
-            fail(f"{len(dims)} dims, more than the {MAX_DIMS} a tensor may have", "dims", i, name)
-        for d in dims:
-            if not _is_int(d) or d < 0 or d > MAX_INT:
-                fail(f"must be an array of non-negative integers, got {short_repr(dims)}", "dims", i, name)
-        size = _nbytes(dims, dt.itemsize)
+        why = dims_problem(dims, dt.itemsize, dt.name) if type(dims) is list else \
+            f"must be an array of non-negative integers, got {short_repr(dims)}"
+        if why is not None and "overflow" not in why and "more than 2**63" not in why:
+            fail(why, "dims", i, name)  # the rank and the values; a size past 2**63 is byteLength's mismatch
+        size, _ = shape_nbytes(dims, dt.itemsize)
         if size != ln:
             fail(f"dims {short_repr(dims)} x {dt.itemsize} bytes ({dt.name}) = "
                  f"{size if size is not None else 'more than 2**63'}, but byteLength is {ln}", "byteLength", i, name)

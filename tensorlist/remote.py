@@ -386,8 +386,9 @@ class _DataStream:
         try:
             if hasattr(self.f, "discard"):
                 self.f.discard()  # aborts a multipart upload: nothing becomes visible
-            else:
-                self.f.close()
+            elif not self.lamp:
+                self.f.close()  # a fresh name: whatever it commits is removed below
+            # lamp's fixed name without discard(): never closed, never committed over the old data
         except Exception:
             pass
         if not self.lamp:  # lamp's fixed name may be the old descriptor's data: leave it
@@ -420,12 +421,24 @@ def _commit(fs, path: str, url: str, text: str, data_name: str, keep=()) -> None
                 pass
 
 
-def _stream_lists(stream: _DataStream, lists, alignment: int, checksum: bool):
-    """Writes prepared lists one after another at 4096-aligned offsets: [(start, offsets, length, crcs)]."""
-    out = []
+def _plan_lists(lists, alignment: int, lamp: bool):
+    """[(start, offsets, length)] of prepared lists one after another at 4096-aligned offsets.
+
+    Planned before the upload opens, so that a refusal (lamp's layout) touches nothing.
+    """
+    plan, end = [], 0
     for items in lists:
-        start = align(stream.pos, LIST_ALIGNMENT)
-        offsets, length = layout(items, start, alignment)
+        start = align(end, LIST_ALIGNMENT)
+        offsets, length = layout(items, start, alignment, lamp)
+        plan.append((start, offsets, length))
+        end = start + length
+    return plan
+
+
+def _stream_lists(stream: _DataStream, lists, plan, checksum: bool):
+    """Streams prepared lists where ``plan`` puts them: [(start, offsets, length, crcs)]."""
+    out = []
+    for items, (start, offsets, length) in zip(lists, plan):
         crcs = [stream.write_item(it, start + off, checksum) for it, off in zip(items, offsets)]
         stream.pad_to(start + length)
         out.append((start, offsets, length, crcs if checksum else None))
@@ -457,9 +470,10 @@ def save(url: str, tensors, *, metadata: Any = None, alignment: int = DEFAULT_AL
     metadata = check_metadata(metadata, lamp)
     fs, path = _filesystem(url, storage_options)
     items, _ = prepare(tensors, url)
+    plan = _plan_lists([items], alignment, lamp)
     stream = _DataStream(fs, path, url, lamp)
     try:
-        [(_, offsets, length, crcs)] = _stream_lists(stream, [items], alignment, checksum and not lamp)
+        [(_, offsets, length, crcs)] = _stream_lists(stream, [items], plan, checksum and not lamp)
         stream.finish()
         if lamp:
             text = descriptor_text(descriptor(tensor_entries(items, offsets, None, True), stream.data_name, 0,
@@ -616,9 +630,11 @@ def save_document(url: str, document: Any, *, alignment: int = DEFAULT_ALIGNMENT
     check_alignment(alignment)
     found = writer.document_lists(document, url)
     fs, path = _filesystem(url, storage_options)
+    lists = [items for _, items, _ in found]
+    plan = _plan_lists(lists, alignment, False)
     stream = _DataStream(fs, path, url, False)
     try:
-        layout_ = _stream_lists(stream, [items for _, items, _ in found], alignment, checksum)
+        layout_ = _stream_lists(stream, lists, plan, checksum)
         stream.finish()
         written, kept = writer.document_with_descriptors(document, found, layout_, stream.data_name)
         _commit(fs, path, url, dumps(written) + "\n", stream.data_name, keep=kept)

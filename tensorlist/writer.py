@@ -37,7 +37,7 @@ def _write_lists(fd, lists, alignment, checksum, durable, threads, path, lamp):
     start = 0
     for items in lists:
         start = align(start, LIST_ALIGNMENT)
-        rel, length = place(items, start, alignment)
+        rel, length = place(items, start, alignment, lamp)  # lamp's refusals come before any byte
         layout.append((start, rel, length))
         for it, o in zip(items, rel):
             bufs.append(it.array)

@@ -21,7 +21,7 @@ import numpy as np
 from .. import _dtypes
 from .._backends import is_remote, localize
 from ..errors import FormatError
-from ..format import MAX_DIMS, MAX_INT, Limits, open_regular, short_repr
+from ..format import Limits, dims_problem, open_regular, shape_nbytes
 
 __all__ = ["FORMATS", "MAX_SAFETENSORS_HEADER", "DEFAULT_SHARD_BYTES", "NPZ_SIDECAR", "ST_DTYPES", "ST_NAMES",
            "ST_RANK", "ST_NOT_HERE", "RAW_DTYPES", "UINT", "MAX_EXPANSION", "MIN_EXPANSION_BYTES",
@@ -89,26 +89,10 @@ def check_shape(shape, row: _dtypes.DType, *, file, index: Optional[int] = None,
     the product of its non-zero dims times the item size too (numpy cannot build ``(0, 2**62)`` of
     int16: "array is too big").
     """
-    def fail(reason):
-        raise FormatError(reason, file=file, tensor_index=index, tensor_name=name, field=field)
-
-    if not isinstance(shape, (list, tuple)):
-        fail(f"must be a list of non-negative integers, got {short_repr(shape)}")
-    if len(shape) > MAX_DIMS:
-        fail(f"{len(shape)} dims, more than the {MAX_DIMS} a tensor may have")
-    size = row.itemsize
-    zero = False
-    for d in shape:
-        if type(d) is not int or d < 0:
-            fail(f"must be a list of non-negative integers, got {short_repr(list(shape))}")
-        if d == 0:
-            zero = True
-        elif size <= MAX_INT:
-            size *= d
-    if size > MAX_INT:
-        fail(f"dims {short_repr(list(shape))} x {row.itemsize} bytes ({row.name}) "
-             + ("overflow 64 bits in their non-zero dims" if zero else "is more than 2**63 bytes"))
-    return 0 if zero else size
+    why = dims_problem(list(shape) if isinstance(shape, tuple) else shape, row.itemsize, row.name)
+    if why is not None:
+        raise FormatError(why, file=file, tensor_index=index, tensor_name=name, field=field)
+    return shape_nbytes(shape, row.itemsize)[0]
 
 
 def check_format(fmt: str) -> str:
