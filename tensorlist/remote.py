@@ -386,6 +386,7 @@ class _DataStream:
         try:
             if hasattr(self.f, "discard"):
                 self.f.discard()  # aborts a multipart upload: nothing becomes visible
+                self.f.closed = True  # else its __del__ would try to finish the discarded upload
             elif not self.lamp:
                 self.f.close()  # a fresh name: whatever it commits is removed below
             # lamp's fixed name without discard(): never closed, never committed over the old data

@@ -127,7 +127,8 @@ def test_failed_data_upload_leaves_no_descriptor(s3, s3_prefix, monkeypatch):
             return self.f.close()
 
         def discard(self):
-            return self.f.discard()
+            self.f.discard()
+            self.f.closed = True  # as remote's _DataStream.discard does to the file it holds
 
     monkeypatch.setattr(fs, "open", lambda *a, **k: Broken(real_open(*a, **k)))
     with pytest.raises(RemoteError, match=r"fail.tl: cannot upload tensor data: .*connection reset"):

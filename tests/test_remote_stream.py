@@ -133,7 +133,8 @@ def test_a_failed_upload_keeps_the_previous_checkpoint(s3_prefix, monkeypatch):
             raise ConnectionError("reset")
 
         def discard(self):
-            return self.f.discard()
+            self.f.discard()
+            self.f.closed = True  # as remote's _DataStream.discard does to the file it holds
 
         def close(self):
             return self.f.close()
