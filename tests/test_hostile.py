@@ -461,3 +461,12 @@ def test_a_closed_reader_releases_its_data_file(tmp_path, mmap):
             r["w"]
         tl.load(tmp_path / "m.tl", mmap=mmap)
     assert len(os.listdir("/proc/self/fd")) <= fds + 1
+
+
+def test_weights_hash_refuses_a_lone_surrogate_name_clearly():
+    from tensorlist.record import weights_sha256
+
+    with pytest.raises(ValueError, match="not valid Unicode"):
+        weights_sha256({"w\udc80": np.ones(2)})
+    with pytest.raises(ValueError, match="not valid Unicode"):
+        tl.save("memory://hostile/s.tl", {"w\udc80": np.ones(2)})

@@ -83,6 +83,11 @@ def _named_weights(weights) -> Tuple[int, Iterator[Tuple[str, Any]]]:
 def _checked_name(name, index: int) -> str:
     if not isinstance(name, str):
         raise TypeError(f"weights: the name of tensor {index} must be a str, got {name!r}")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: the same refusal as the format's rule for names
+        raise ValueError(f"weights: the name of tensor {index}, {name!r}, is not valid Unicode "
+                         "(a lone surrogate) and cannot be hashed as UTF-8") from None
     return name
 
 
