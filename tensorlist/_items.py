@@ -8,7 +8,7 @@ and :func:`fast_descriptor_text` make the descriptor JSON. ``writer`` (local
 files) and ``remote`` (streamed uploads) both write through these, so the two
 lay out and describe tensors identically.
 
-Imports ``_dtypes``, ``_jsonio``, ``errors`` and ``format`` (constants) only.
+Imports ``_dtypes``, ``_lowlevel`` (CRC32C), ``_jsonio``, ``errors`` and ``format`` (constants) only.
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from . import _dtypes
+from ._lowlevel import crc32c
 from ._jsonio import check_json, dumps, dumps_lamp
 from .errors import FormatError
 from .format import FORMAT_VERSION, MAX_ALIGNMENT, MIN_TENSOR_ALIGNMENT
@@ -435,3 +436,119 @@ def reserved_shape(shape, dtype) -> Tuple[Tuple[int, ...], _dtypes.DType, int]:
         raise ValueError(f"negative dimension in {shape}")
     dt = _dtypes.from_numpy(dtype)
     return shape, dt, int(np.prod(shape, dtype=object)) * dt.itemsize
+
+
+class WriterBase:
+    """The ``Writer`` protocol, once for the local and the remote writer.
+
+    Arguments, the entries (:class:`EntryBook`), ``add``/``reserve``/``close``/
+    ``abort``, the reserved tensors' checksums at close, and the context
+    manager live here; a subclass says where bytes go:
+
+    - ``_write(item, offset)``: store one prepared tensor, return its CRC32C
+      (or None without checksums);
+    - ``_reserve(shape, dtype_row, nbytes, offset)``: a writable zeroed array
+      for a reserved tensor, and a ``sync`` callable (or None) run at close
+      before its checksum is taken;
+    - ``_finish(length, reserved)``: write what is left and commit the
+      descriptor (``self._descriptor_text(location, length)``);
+    - ``_discard()``: abandon everything; the previous file stays.
+    """
+
+    path: str
+
+    def _setup(self, where: str, metadata: Any, alignment: int, checksum: bool, lamp: bool) -> None:
+        self.alignment = MIN_TENSOR_ALIGNMENT if lamp else check_alignment(alignment)
+        self.metadata = check_metadata(metadata, lamp)
+        self.checksum = checksum and not lamp
+        self.lamp = lamp
+        self._book = EntryBook(self.alignment, lamp, where)
+        self._reserved: List[Tuple[int, int, np.ndarray, Any]] = []  # (entry index, offset, array, sync)
+        self._state = "open"
+
+    def __len__(self) -> int:
+        return len(self._book)
+
+    def _check_open(self) -> None:
+        if self._state != "open":
+            raise ValueError(f"Writer for {self.path} is {self._state}")
+
+    def add(self, name_or_value, value=None) -> None:
+        """Appends a tensor: ``add(name, array)``, or ``add(array)`` in a positional list."""
+        self._check_open()
+        name, value = (name_or_value, value) if value is not None else (None, name_or_value)
+        item = Item(name, value, lambda: f"{self.path}: tensor {name if name is not None else len(self._book)!r}")
+        offset, e = self._book.next(name, item.shape, item.dtype, item.nbytes)
+        try:
+            crc = self._write(item, offset)
+        except BaseException:
+            self.abort()
+            raise
+        if crc is not None:
+            e["crc32c"] = crc
+        self._book.append(e, name)
+
+    def reserve(self, name_or_shape, shape=None, dtype=None) -> np.ndarray:
+        """Reserves a tensor and returns a writable array to fill before ``close``.
+
+        ``reserve(name, shape, dtype)``, or ``reserve(shape, dtype)`` in a
+        positional list. The bytes start as zeros.
+        """
+        self._check_open()
+        if dtype is None:
+            name, shape, dtype = None, name_or_shape, shape
+        else:
+            name = name_or_shape
+        shape, dt, nbytes = reserved_shape(shape, dtype)
+        offset, e = self._book.next(name, shape, dt, nbytes)
+        if nbytes == 0:
+            arr, sync = np.empty(shape, dtype=dt.numpy), None
+        else:
+            arr, sync = self._reserve(shape, dt, nbytes, offset)
+        self._reserved.append((len(self._book), offset, arr, sync))
+        self._book.append(e, name)
+        return arr
+
+    def close(self) -> None:
+        """Commits the list (idempotent)."""
+        if self._state == "committed":
+            return
+        self._check_open()
+        try:
+            for idx, _, arr, sync in self._reserved:
+                if sync is not None:
+                    sync()
+                if self.checksum:
+                    self._book.entries[idx]["crc32c"] = crc32c(arr.reshape(-1).view(np.uint8)) if arr.size else 0
+            self._finish(self._book.length(), self._reserved)
+        except BaseException:
+            self.abort()
+            raise
+        self._state = "committed"
+        self._reserved = []
+
+    commit = close
+
+    def abort(self) -> None:
+        """Discards everything written; the previous file at ``path`` stays as it was."""
+        if getattr(self, "_state", None) == "open":
+            self._state = "aborted"
+            self._reserved = []
+            self._discard()
+
+    def _descriptor_text(self, location: str, length: int) -> str:
+        return descriptor_text(descriptor(self._book.entries, location, 0, length, self.metadata, self.lamp),
+                               self.lamp)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+    def __del__(self):
+        if getattr(self, "_state", None) == "open":
+            self.abort()

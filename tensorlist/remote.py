@@ -46,8 +46,8 @@ from . import _backends, _lowlevel, reader, schema, writer
 from ._backends import is_url
 from ._commit import own_locations
 from ._datafile import check_crcs
-from ._items import (EntryBook, Item, align, check_alignment, check_metadata, descriptor, descriptor_text,
-                     fast_descriptor_text, layout, prepare, reserved_shape, tensor_entries)
+from ._items import (Item, WriterBase, align, check_alignment, check_metadata, descriptor, descriptor_text,
+                     fast_descriptor_text, layout, prepare, tensor_entries)
 from ._jsonio import dumps, set_at_pointer
 from .errors import FormatError, TensorListError
 from .format import (DEFAULT_ALIGNMENT, LIST_ALIGNMENT, MIN_TENSOR_ALIGNMENT, Limits, ListDescriptor, check_data_size,
@@ -487,7 +487,7 @@ def save(url: str, tensors, *, metadata: Any = None, alignment: int = DEFAULT_AL
         raise
 
 
-class RemoteWriter:
+class RemoteWriter(WriterBase):
     """``tensorlist.Writer`` to a URL: each ``add`` is uploaded as it comes (multipart), descriptor last.
 
     The interface (``add``, ``reserve``, ``close``/``commit``, ``abort``, the
@@ -501,99 +501,45 @@ class RemoteWriter:
                  checksum: bool = True, lamp: bool = False, durable: bool = True, threads: Optional[int] = None,
                  storage_options: Optional[dict] = None):
         self.url = url
-        self.alignment = MIN_TENSOR_ALIGNMENT if lamp else check_alignment(alignment)
-        self.metadata = check_metadata(metadata, lamp)
-        self.checksum = checksum and not lamp
-        self.lamp = lamp
+        self._setup(url, metadata, alignment, checksum, lamp)
         self.fs, self._fspath = _filesystem(url, storage_options)
-        self._book = EntryBook(self.alignment, lamp, url)
         self._stream = _DataStream(self.fs, self._fspath, url, lamp)
-        self._reserved: List[Tuple[int, int, np.ndarray]] = []  # (entry index, offset, array)
-        self._spool: Optional[Tuple[str, int, int]] = None  # (temp dir, fd, file offset of its byte 0)
-        self._state = "open"
+        self._spool: Optional[Tuple[str, int, int]] = None  # (temp dir, fd, data offset of its byte 0)
 
     @property
     def path(self) -> str:
         return self.url
 
-    def __len__(self) -> int:
-        return len(self._book)
+    def _write(self, item: Item, offset: int) -> Optional[int]:
+        if self._spool is None:
+            return self._stream.write_item(item, offset, self.checksum)
+        tmp, fd, base = self._spool
+        crcs = _lowlevel.write_items(fd, [item.array], [offset - base], [item.swap], max(0, self._book.end - base),
+                                     offset - base + item.nbytes, crc=self.checksum, fsync=False, sparse=False,
+                                     path=tmp)
+        return crcs[0] if crcs is not None else None
 
-    def _check_open(self):
-        if self._state != "open":
-            raise ValueError(f"Writer for {self.url} is {self._state}")
-
-    def add(self, name_or_value, value=None) -> None:
-        """Appends a tensor: ``add(name, array)``, or ``add(array)`` in a positional list."""
-        self._check_open()
-        name, value = (name_or_value, value) if value is not None else (None, name_or_value)
-        item = Item(name, value, lambda: f"{self.url}: tensor {name if name is not None else len(self._book)!r}")
-        offset, e = self._book.next(name, item.shape, item.dtype, item.nbytes)
-        try:
-            if self._spool is None:
-                crc = self._stream.write_item(item, offset, self.checksum)
-            else:
-                _, fd, base = self._spool
-                crcs = _lowlevel.write_items(fd, [item.array], [offset - base], [item.swap],
-                                             max(0, self._book.end - base),
-                                             offset - base + item.nbytes, crc=self.checksum, fsync=False,
-                                             sparse=False, path=self._spool[0])
-                crc = crcs[0] if crcs is not None else None
-        except BaseException:
-            self.abort()
-            raise
-        if crc is not None:
-            e["crc32c"] = crc
-        self._book.append(e, name)
-
-    def reserve(self, name_or_shape, shape=None, dtype=None) -> np.ndarray:
-        """Reserves a tensor and returns a writable in-memory array, uploaded at ``close``."""
-        self._check_open()
-        if dtype is None:
-            name, shape, dtype = None, name_or_shape, shape
-        else:
-            name = name_or_shape
-        shape, dt, nbytes = reserved_shape(shape, dtype)
-        offset, e = self._book.next(name, shape, dt, nbytes)
-        if self._spool is None and nbytes:
+    def _reserve(self, shape, dt, nbytes: int, offset: int):
+        if self._spool is None:  # what follows must wait for this array: spool it
             tmp = tempfile.mkdtemp(prefix="tensorlist-spool-")
             fd = os.open(os.path.join(tmp, "spool"), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
             self._spool = (tmp, fd, offset)
-        arr = np.zeros(shape, dtype=dt.numpy)
-        self._reserved.append((len(self._book), offset, arr))
-        self._book.append(e, name)
-        return arr
+        return np.zeros(shape, dtype=dt.numpy), None
 
-    def close(self) -> None:
-        """Uploads what is left and commits the descriptor (idempotent)."""
-        if self._state == "committed":
-            return
-        self._check_open()
-        try:
-            length = self._book.length()
-            for idx, offset, arr in self._reserved:
-                if self.checksum:
-                    self._book.entries[idx]["crc32c"] = _lowlevel.crc32c(arr.reshape(-1).view(np.uint8)) \
-                        if arr.size else 0
-            if self._spool is not None:
-                tmp, fd, base = self._spool
-                for _, offset, arr in self._reserved:
-                    if arr.size and offset >= base:
-                        os.pwrite(fd, arr.reshape(-1).view(np.uint8), offset - base)
-                os.ftruncate(fd, length - base)
-                self._stream.pad_to(base)
-                self._stream.copy_from(os.path.join(tmp, "spool"), length - base)
-            self._stream.pad_to(length)
-            self._stream.finish()
-            desc = descriptor(self._book.entries, self._stream.data_name, 0, length, self.metadata, self.lamp)
-            _commit(self.fs, self._fspath, self.url, descriptor_text(desc, self.lamp), self._stream.data_name)
-        except BaseException:
-            self.abort()
-            raise
-        self._state = "committed"
+    def _finish(self, length: int, reserved) -> None:
+        if self._spool is not None:
+            tmp, fd, base = self._spool
+            for _, offset, arr, _ in reserved:
+                if arr.size:
+                    os.pwrite(fd, arr.reshape(-1).view(np.uint8), offset - base)
+            os.ftruncate(fd, length - base)
+            self._stream.pad_to(base)
+            self._stream.copy_from(os.path.join(tmp, "spool"), length - base)
+        self._stream.pad_to(length)
+        self._stream.finish()
+        _commit(self.fs, self._fspath, self.url, self._descriptor_text(self._stream.data_name, length),
+                self._stream.data_name)
         self._drop_spool()
-
-    commit = close
 
     def _drop_spool(self) -> None:
         if self._spool is not None:
@@ -601,23 +547,10 @@ class RemoteWriter:
             os.close(fd)
             shutil.rmtree(tmp, ignore_errors=True)
             self._spool = None
-        self._reserved = []
 
-    def abort(self) -> None:
-        """Abandons the upload; the previous file at the URL stays as it was."""
-        if self._state == "open":
-            self._stream.discard()
-            self._state = "aborted"
-            self._drop_spool()
-
-    def __enter__(self) -> "RemoteWriter":
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
+    def _discard(self) -> None:
+        self._stream.discard()
+        self._drop_spool()
 
 
 def save_document(url: str, document: Any, *, alignment: int = DEFAULT_ALIGNMENT, checksum: bool = True,

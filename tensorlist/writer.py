@@ -18,8 +18,8 @@ import numpy as np
 
 from . import _backends, _lowlevel
 from ._commit import Commit, atomic_file
-from ._items import (EntryBook, GCPaused, Item, align, check_alignment, check_metadata, descriptor,
-                     descriptor_text, fast_descriptor_text, known_len, prepare, reserved_shape, tensor_entries)
+from ._items import (GCPaused, Item, WriterBase, align, check_alignment, check_metadata, descriptor,
+                     descriptor_text, fast_descriptor_text, known_len, prepare, tensor_entries)
 from ._items import layout as place
 from ._jsonio import check_json, dumps, escape_pointer, resolve_pointer, walk
 from .errors import FormatError
@@ -118,7 +118,7 @@ def save(path, tensors, *, metadata: Any = None, alignment: int = DEFAULT_ALIGNM
         raise
 
 
-class Writer:
+class Writer(WriterBase):
     """Writes a TensorList one tensor at a time; the descriptor is committed last.
 
     Use it as a context manager: on normal exit the file is committed
@@ -153,114 +153,37 @@ class Writer:
     def __init__(self, path, *, metadata: Any = None, alignment: int = DEFAULT_ALIGNMENT,
                  checksum: bool = True, lamp: bool = False, durable: bool = True,
                  threads: Optional[int] = None):
-        self.alignment = MIN_TENSOR_ALIGNMENT if lamp else check_alignment(alignment)
-        self.metadata = check_metadata(metadata, lamp)
-        self.checksum = checksum and not lamp
-        self.lamp = lamp
+        path = _backends.localize(os.fspath(path))
+        self._setup(os.path.abspath(path), metadata, alignment, checksum, lamp)
         self.threads = threads
-        self._commit = Commit(_backends.localize(os.fspath(path)), lamp=lamp, durable=durable)
+        self._commit = Commit(path, lamp=lamp, durable=durable)
         self._fd = self._commit.open_data()
-        self._book = EntryBook(self.alignment, lamp, self._commit.path)
-        self._reserved: List[Tuple[int, np.ndarray, Any]] = []  # (entry index, array, sync)
-        self._state = "open"
 
     @property
     def path(self) -> str:
         return self._commit.path
 
-    def __len__(self) -> int:
-        return len(self._book)
+    def _write(self, item: Item, offset: int) -> Optional[int]:
+        crcs = _lowlevel.write_items(self._fd, [item.array], [offset], [item.swap], self._book.end,
+                                     offset + item.nbytes, crc=self.checksum, fsync=False, sparse=True,
+                                     threads=self.threads, path=self._commit.data_tmp,
+                                     writeback=self._commit.durable)
+        return crcs[0] if crcs is not None else None
 
-    def _check_open(self):
-        if self._state != "open":
-            raise ValueError(f"Writer for {self.path} is {self._state}")
+    def _reserve(self, shape, dt, nbytes: int, offset: int):
+        _lowlevel.preallocate(self._fd, offset + nbytes, self._commit.data_tmp)
+        view, sync = _lowlevel.map_writable(self._fd, offset, nbytes, self._commit.data_tmp)
+        return np.frombuffer(view, dtype=dt.numpy).reshape(shape), sync
 
-    def add(self, name_or_value, value=None) -> None:
-        """Appends a tensor: ``add(name, array)``, or ``add(array)`` in a positional list."""
-        self._check_open()
-        name, value = (name_or_value, value) if value is not None else (None, name_or_value)
-        item = Item(name, value, lambda: f"{self.path}: tensor {name if name is not None else len(self._book)!r}")
-        offset, e = self._book.next(name, item.shape, item.dtype, item.nbytes)
-        try:
-            crcs = _lowlevel.write_items(self._fd, [item.array], [offset], [item.swap], self._book.end,
-                                         offset + item.nbytes, crc=self.checksum, fsync=False, sparse=True,
-                                         threads=self.threads, path=self._commit.data_tmp,
-                                         writeback=self._commit.durable)
-        except BaseException:
-            self.abort()
-            raise
-        if crcs is not None:
-            e["crc32c"] = crcs[0]
-        self._book.append(e, name)
+    def _finish(self, length: int, reserved) -> None:
+        if length:
+            _lowlevel.preallocate(self._fd, length, self._commit.data_tmp)
+        self._commit.finish_data()
+        self._fd = None
+        self._commit.commit(self._descriptor_text(self._commit.data_name, length))
 
-    def reserve(self, name_or_shape, shape=None, dtype=None) -> np.ndarray:
-        """Reserves a tensor and returns a writable array mapped into the data file.
-
-        ``reserve(name, shape, dtype)``, or ``reserve(shape, dtype)`` in a
-        positional list. The bytes start as zeros.
-        """
-        self._check_open()
-        if dtype is None:
-            name, shape, dtype = None, name_or_shape, shape
-        else:
-            name = name_or_shape
-        shape, dt, nbytes = reserved_shape(shape, dtype)
-        offset, e = self._book.next(name, shape, dt, nbytes)
-        if nbytes == 0:
-            arr = np.empty(shape, dtype=dt.numpy)
-            sync = None
-        else:
-            _lowlevel.preallocate(self._fd, offset + nbytes, self._commit.data_tmp)
-            view, sync = _lowlevel.map_writable(self._fd, offset, nbytes, self._commit.data_tmp)
-            arr = np.frombuffer(view, dtype=dt.numpy).reshape(shape)
-        self._reserved.append((len(self._book), arr, sync))
-        self._book.append(e, name)
-        return arr
-
-    def close(self) -> None:
-        """Commits the list (idempotent)."""
-        if self._state == "committed":
-            return
-        self._check_open()
-        try:
-            length = self._book.length()
-            for idx, arr, sync in self._reserved:
-                if sync is not None:
-                    sync()
-                if self.checksum:
-                    self._book.entries[idx]["crc32c"] = _lowlevel.crc32c(arr.reshape(-1).view(np.uint8)) if arr.size else 0
-            _lowlevel.preallocate(self._fd, length, self._commit.data_tmp) if length else None
-            self._commit.finish_data()
-            self._fd = None
-            desc = descriptor(self._book.entries, self._commit.data_name, 0, length, self.metadata, self.lamp)
-            self._commit.commit(descriptor_text(desc, self.lamp))
-        except BaseException:
-            self.abort()
-            raise
-        self._state = "committed"
-        self._reserved = []
-
-    commit = close
-
-    def abort(self) -> None:
-        """Discards everything written; the previous file at ``path`` stays as it was."""
-        if self._state == "open":
-            self._commit.abort()
-            self._state = "aborted"
-            self._reserved = []
-
-    def __enter__(self) -> "Writer":
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
-
-    def __del__(self):
-        if getattr(self, "_state", None) == "open":
-            self.abort()
+    def _discard(self) -> None:
+        self._commit.abort()
 
 
 class Tensors:
