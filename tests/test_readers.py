@@ -510,10 +510,15 @@ class TestMapping:
         _same(store.load("h.tl")["a"], a)
 
     def test_a_data_file_truncated_after_open(self, store):
-        if store.open_kwargs.get("mmap", False):
-            pytest.skip("a mapped file truncated under the reader is a SIGBUS: test_security.py checks it in a child")
         _saved(store)
         data_name = store.data_name("m.tl")
+        if store.open_kwargs.get("mmap", False):
+            # touching a mapped page past a truncation is a SIGBUS (test_security.py checks that in a
+            # child); what a mapping reader promises is to see the truncation when it opens
+            store.write(data_name, store.read(data_name)[:64])
+            with pytest.raises(tl.FormatError, match=r"m.tl.*is 64 bytes but the list needs"):
+                store.open("m.tl")
+            return
         with store.open("m.tl") as r:
             store.write(data_name, store.read(data_name)[:64])
             _same(r["w"], _tensors()["w"])  # within what is left
