@@ -252,7 +252,7 @@ def layout(items: Sequence[Item], start: int, alignment: int, lamp: bool = False
         ends = np.cumsum(padded)
         offsets = (ends - padded).tolist()
         return offsets, int(ends[-1])
-    offsets, cursor = [], 0
+    offsets, cursor, end = [], 0, 0
     append = offsets.append
     for it in items:
         # a tensor must also start at a multiple of its item size (complex128: 16)
@@ -260,7 +260,11 @@ def layout(items: Sequence[Item], start: int, alignment: int, lamp: bool = False
         off = -(-cursor // a) * a
         append(off)
         cursor = off + it.nbytes
-    return offsets, align(cursor, alignment)
+        if it.nbytes:
+            end = cursor
+    # the list ends with its last bytes: an empty tensor's rounded offset adds no padding
+    # (trailing ones are recorded at offset 0, inside_offsets)
+    return offsets, align(end, alignment)
 
 
 def tensor_entries(items, offsets, crcs, lamp: bool) -> List[Dict[str, Any]]:
@@ -386,6 +390,7 @@ class EntryBook:
         self.names: set = set()
         self.named: Optional[bool] = None
         self.end = 0
+        self.data_end = 0  # end of the last tensor with bytes
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -423,10 +428,12 @@ class EntryBook:
             self.names.add(name)
         self.entries.append(entry)
         self.end = entry["byteOffset"] + entry["byteLength"]
+        if entry["byteLength"]:
+            self.data_end = self.end
 
     def length(self) -> int:
         """The list's padded byteLength."""
-        return align(self.end, self.alignment)
+        return align(self.data_end, self.alignment)  # an empty tensor's rounded offset adds no padding
 
 
 def reserved_shape(shape, dtype) -> Tuple[Tuple[int, ...], _dtypes.DType, int]:
@@ -480,7 +487,8 @@ class WriterBase:
         item = Item(name, value, lambda: f"{self.path}: tensor {name if name is not None else len(self._book)!r}")
         offset, e = self._book.next(name, item.shape, item.dtype, item.nbytes)
         try:
-            crc = self._write(item, offset)
+            # an empty tensor writes nothing (its rounded offset may lie past the list's end)
+            crc = self._write(item, offset) if item.nbytes else (0 if self.checksum else None)
         except BaseException:
             self.abort()
             raise

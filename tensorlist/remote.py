@@ -345,10 +345,10 @@ class _DataStream:
 
     def write_item(self, item: Item, offset: int, crc: bool) -> Optional[int]:
         """Writes one prepared tensor at ``offset`` (little-endian); its CRC32C when asked."""
+        if not item.nbytes:  # nothing to write (a trailing one's rounded offset may lie past the list)
+            return 0 if crc else None
         self.pad_to(offset)
         c = 0
-        if not item.nbytes:
-            return 0 if crc else None
         raw = item.array.reshape(-1).view(np.uint8)
         if item.swap:
             elems = raw.reshape(-1, item.swap)

@@ -39,11 +39,13 @@ def _write_lists(fd, lists, alignment, checksum, durable, threads, path, lamp):
         start = align(start, LIST_ALIGNMENT)
         rel, length = place(items, start, alignment, lamp)  # lamp's refusals come before any byte
         layout.append((start, rel, length))
+        end = start + length
         for it, o in zip(items, rel):
             bufs.append(it.array)
-            offs.append(start + o)
+            # an empty tensor writes nothing; a trailing one's rounded offset may lie past the list
+            offs.append(start + o if it.nbytes else min(start + o, end))
             swaps.append(it.swap)
-        start += length
+        start = end
     crcs = _lowlevel.write_items(fd, bufs, offs, swaps, 0, start, crc=checksum and not lamp,
                                  fsync=False, sparse=True, threads=threads, path=path, writeback=durable)
     out, k = [], 0

@@ -470,3 +470,27 @@ def test_weights_hash_refuses_a_lone_surrogate_name_clearly():
         weights_sha256({"w\udc80": np.ones(2)})
     with pytest.raises(ValueError, match="not valid Unicode"):
         tl.save("memory://hostile/s.tl", {"w\udc80": np.ones(2)})
+
+
+@pytest.mark.parametrize("how", ["save", "Writer", "save_document", "remote"])
+def test_a_trailing_empty_tensor_adds_no_padding(tmp_path, how):
+    """Found by test_roundtrip's hypothesis run: an empty complex128 after 17 bytes rounded the list to 32."""
+    arrays = [np.uint8(1), np.uint8(2), np.uint8(3), np.zeros(0, np.complex128)]
+    path, pointer = str(tmp_path / "m.tl"), None
+    if how == "save":
+        tl.save(path, arrays, alignment=8)
+    elif how == "Writer":
+        with tl.Writer(path, alignment=8) as w:
+            for a in arrays:
+                w.add(a)
+    elif how == "save_document":
+        tl.save_document(path, {"a": tl.Tensors(arrays)}, alignment=8)
+        pointer = "/a"
+    else:
+        path = "memory://hostile/pad.tl"
+        tl.save(path, arrays, alignment=8)
+    with tl.open(path, pointer=pointer) as r:
+        assert r.descriptor.byte_length == 24
+        assert [t.byte_offset for t in r.descriptor.tensors] == [0, 8, 16, 0]
+        assert [int(r[i].sum()) for i in range(3)] == [1, 2, 3] and r[3].shape == (0,)
+    tl.validate(path, pointer=pointer, verify=True)
