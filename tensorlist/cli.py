@@ -20,17 +20,25 @@ from .schema import validate
 EXAMPLES = {
     "demo": "examples:\n  tensorlist demo\n  tensorlist demo --dir ./demo-out",
     "inspect": ("examples:\n  tensorlist inspect model.tl\n  tensorlist inspect ckpt.json --pointer /model --json\n"
-                "  tensorlist inspect model.safetensors\n  tensorlist inspect s3://bucket/run/final.tl"),
-    "validate": "examples:\n  tensorlist validate model.tl\n  tensorlist validate --verify a.tl b.tl ckpt.json",
+                "  tensorlist inspect model.safetensors\n  tensorlist inspect s3://bucket/run/final.tl\n"
+                "  tensorlist inspect ckpt/            (a DCP checkpoint directory, either layout)\n"
+                "  tensorlist inspect s3://bucket/run/ckpt/ --json"),
+    "validate": ("examples:\n  tensorlist validate model.tl\n  tensorlist validate --verify a.tl b.tl ckpt.json\n"
+                 "  tensorlist validate --verify ckpt/   (a DCP checkpoint directory)"),
     "convert": ("examples:\n  tensorlist convert model.safetensors model.tl\n"
                 "  tensorlist convert model.tl model.safetensors.index.json --shard-size 2GB\n"
                 "  tensorlist convert pytorch_model.bin s3://bucket/runs/model.tl\n"
                 "  tensorlist convert weights.dat out.npz --from tensorlist\n"
-                "  tensorlist convert ckpt.json optimizer.safetensors --pointer /optimizer\n\n"
+                "  tensorlist convert ckpt.json optimizer.safetensors --pointer /optimizer\n"
+                "  tensorlist convert dcp_ckpt/ model.safetensors      (full tensors from their chunks)\n"
+                "  tensorlist convert stock_dcp_ckpt/ new_ckpt         (DCP FileSystemWriter -> tensorlist layout)\n\n"
                 "formats: tensorlist (.tl, .json; the default), lamp (.lamp), safetensors (.safetensors),\n"
                 "hf (a sharded checkpoint's .safetensors.index.json), npz (.npz), npy (.npy),\n"
-                "pt (.pt/.pth/.bin/.ckpt, read with torch.load(weights_only=True) only).\n"
-                "Remote URLs (s3://, gs://, hdfs://, memory://...) work for tensorlist and lamp files;\n"
+                "pt (.pt/.pth/.bin/.ckpt, read with torch.load(weights_only=True) only),\n"
+                "dcp (a checkpoint directory in tensorlist's layout: .metadata.json + .tl shards),\n"
+                "torch-dcp (read only: DCP FileSystemWriter's .metadata + .distcp, the pickle never run).\n"
+                "A directory, a name ending with /, or a checkpoint's copy named without an extension is dcp.\n"
+                "Remote URLs (s3://, gs://, hdfs://, memory://...) work for tensorlist and lamp files and dcp;\n"
                 "S3 endpoints and credentials come from the AWS_* environment variables."),
     "diff": ("examples:\n  tensorlist diff a.tl b.tl\n  tensorlist diff model.safetensors model.tl\n"
              "  tensorlist diff --atol 1e-6 run1/final.tl run2/final.tl && echo same\n\n"
@@ -133,10 +141,49 @@ def _inspect_other(path: str, fmt: str, as_json: bool, out) -> None:
             out.write("  metadata: " + (text if len(text) < 2000 else text[:2000] + " ...") + "\n")
 
 
+def _inspect_dcp(path: str, fmt: str, as_json: bool, out) -> None:
+    """inspect for checkpoint directories: one row per fqn (global shape, chunks), then the non-tensor values."""
+    from .convert import open_source
+
+    with open_source(path, fmt) as src:
+        ckpt = src.checkpoint
+        rows = [{"name": t.fqn, "dtype": t.dtype, "shape": list(t.size), "chunks": len(t.chunks),
+                 "bytes": e.nbytes, "chunk_list": [{"offsets": list(o), "sizes": list(z)} for o, z in t.chunks]}
+                for t, e in zip(ckpt.tensors.values(), src.entries)]
+        values = [{"name": k, "encoding": "torch_save" if fmt == "torch-dcp" else ckpt.storage[(k, None)].encoding,
+                   "bytes": ckpt.storage[(k, None)].byte_length} for k in ckpt.bytes_keys]
+        total = src.nbytes
+        if as_json:
+            json.dump({"checkpoint": path, "format": fmt, "save_id": ckpt.save_id if fmt == "dcp" else None,
+                       "dcp_version": ckpt.dcp_version, "files": list(src.files),
+                       "tensors": rows, "values": values, "tensor_bytes": total}, out, indent=2)
+            out.write("\n")
+            return
+        layout = "tensorlist's DCP layout" if fmt == "dcp" else "DCP FileSystemWriter layout"
+        save = f", save {ckpt.save_id}" if fmt == "dcp" else ""
+        out.write(f"{path}  (format {fmt}: {layout}{save}, {len(src.files)} data file"
+                  f"{'s' if len(src.files) != 1 else ''}, DCP {ckpt.dcp_version})\n")
+        w = max([4] + [len(r["name"]) for r in rows] + [len(v["name"]) for v in values])
+        out.write(f"  {'name':<{w}}  {'dtype':<14} {'shape':<20} {'chunks':>6} {'size':>10}\n")
+        for r in rows:
+            out.write(f"  {r['name']:<{w}}  {r['dtype']:<14} {str(tuple(r['shape'])):<20} {r['chunks']:>6} "
+                      f"{_human(r['bytes']):>10}\n")
+        for v in values:
+            kind = "value (" + ("pickle" if v["encoding"] == "torch_save" else v["encoding"]) + ")"
+            out.write(f"  {v['name']:<{w}}  {kind:<14} {'':<20} {'':>6} {_human(v['bytes']):>10}\n")
+        chunks = sum(r["chunks"] for r in rows)
+        out.write(f"  {len(rows)} tensors in {chunks} chunks, {_human(total)} of data; {len(values)} "
+                  f"value{'s' if len(values) != 1 else ''}\n")
+
+
 def cmd_inspect(args) -> int:
     from .convert import infer_format
+    from .convert.formats import DCP_FORMATS
 
     fmt = args.format or infer_format(args.file, for_reading=True)
+    if fmt in DCP_FORMATS:
+        _inspect_dcp(args.file, fmt, args.json, sys.stdout)
+        return 0
     if fmt not in ("tensorlist", "lamp"):
         _inspect_other(args.file, fmt, args.json, sys.stdout)
         return 0
@@ -155,15 +202,48 @@ def cmd_inspect(args) -> int:
     return 0
 
 
+def _validate_dcp(path: str, fmt: str, verify: bool) -> str:
+    """Checks a checkpoint directory; the summary of an ``ok`` line."""
+    if fmt == "dcp":
+        from .dcp_read import validate_checkpoint
+
+        ckpt = validate_checkpoint(path, verify=verify)
+        tensors = ckpt.tensors
+        return (f"dcp checkpoint, {len(tensors)} tensors in {sum(len(t.chunks) for t in tensors.values())} chunks, "
+                f"{len(ckpt.bytes_keys)} values, {len(ckpt.files)} shard files"
+                f"{', checksums verified' if verify else ''}")
+    from .convert import open_source
+
+    with open_source(path, fmt) as src:  # the metadata (under restrictions) and every record's place checked
+        ckpt = src.checkpoint
+        if verify:
+            for e in ckpt.storage.values():
+                if e.offset is not None:
+                    src.chunk(e.fqn, e.offset)
+            src.values()
+        tensors = ckpt.tensors
+        return (f"torch-dcp checkpoint, {len(tensors)} tensors in {sum(len(t.chunks) for t in tensors.values())} "
+                f"chunks, {len(ckpt.bytes_keys)} values, {len(src.files)} data files; "
+                + ("every record loaded with torch.load(weights_only=True)" if verify else
+                   "records not loaded (--verify loads each)"))
+
+
 def cmd_validate(args) -> int:
+    from .convert import infer_format
+    from .convert.formats import DCP_FORMATS
+
     bad = 0
     for f in args.files:
         try:
+            fmt = infer_format(f, for_reading=True)
+            if fmt in DCP_FORMATS:
+                print(f"{f}: ok ({_validate_dcp(f, fmt, args.verify)})")
+                continue
             lists = validate(f, verify=args.verify, allow_outside=args.allow_outside)  # paths and URLs alike
             n = sum(len(d.tensors) for d in lists)
             print(f"{f}: ok ({len(lists)} list{'s' if len(lists) != 1 else ''}, {n} tensors"
                   f"{', checksums verified' if args.verify else ''})")
-        except (TensorListError, ValueError, OSError) as e:
+        except (TensorListError, ValueError, OSError, ImportError) as e:
             bad += 1
             text = " ".join(str(e).split())  # one line per problem, whatever the message holds
             print(f"{f}: error: {text}" if str(f) not in text else f"error: {text}")
@@ -392,7 +472,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--dir", help="where to write the demo files (default: a new temporary directory)")
     d.set_defaults(func=cmd_demo)
 
-    i = sub.add_parser("inspect", help="list the tensors of a file", epilog=EXAMPLES["inspect"],
+    i = sub.add_parser("inspect", help="list the tensors of a file or checkpoint directory", epilog=EXAMPLES["inspect"],
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     i.add_argument("file")
     i.add_argument("--pointer", help="JSON pointer of an embedded TensorList (default: every list)")
@@ -408,7 +488,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.set_defaults(func=cmd_validate)
 
     raw = argparse.RawDescriptionHelpFormatter
-    c = sub.add_parser("convert", help="convert between tensorlist, safetensors, npz/npy, torch and lamp files",
+    c = sub.add_parser("convert", help="convert between tensorlist, safetensors, npz/npy, torch, lamp files and DCP "
+                       "checkpoints",
                        description="Converts SRC into DST tensor by tensor, bit for bit; DST is written only "
                                    "when complete.", epilog=EXAMPLES["convert"], formatter_class=raw)
     c.add_argument("src")

@@ -66,17 +66,14 @@ from . import _backends, _dtypes
 from ._commit import atomic_file
 from ._jsonio import dumps, from_tagged, to_tagged
 from ._torch_bridge import from_numpy, to_numpy, torch_dtype
-from .dcp_read import (METADATA_NAME, Checkpoint, Shards, StorageEntry, TensorMeta, bytes_key, encode_value,
-                       is_save_file, join, metadata_document, parse_metadata, read_full, read_metadata, shard_name,
-                       tensor_key, validate_checkpoint)
+from .dcp_read import (DCP_VERSION, METADATA_NAME, Checkpoint, Shards, StorageEntry, TensorMeta, bytes_key,
+                       encode_value, is_save_file, join, metadata_document, parse_metadata, read_full, read_metadata,
+                       shard_name, tensor_key, validate_checkpoint)
 from .errors import FormatError
 from .format import Limits
 from .writer import save
 
 __all__ = ["TensorListWriter", "TensorListReader", "read_full", "validate_checkpoint", "Checkpoint"]
-
-#: DCP's ``Metadata.version`` written with each checkpoint (DCP's FileSystemWriter writes the same).
-DCP_VERSION = "1.0.0"
 
 _MEMORY_FORMATS = {torch.contiguous_format: "contiguous_format", torch.channels_last: "channels_last",
                    torch.preserve_format: "preserve_format"}

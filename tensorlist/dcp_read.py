@@ -56,7 +56,7 @@ from .schema import schema_validator
 __all__ = ["METADATA_NAME", "FORMAT_NAME", "DCP_FORMAT_VERSION", "SCHEMA", "TensorMeta", "StorageEntry",
            "Checkpoint", "Shards", "metadata_document", "parse_metadata", "read_metadata", "validate_checkpoint",
            "read_full", "check_shape", "schema_check", "encode_value", "decode_value", "shard_name", "tensor_key",
-           "bytes_key", "join", "is_save_file"]
+           "bytes_key", "join", "is_save_file", "assemble", "DCP_VERSION"]
 
 #: The global metadata's file name in the checkpoint directory (DCP's own is ``.metadata``, a pickle).
 METADATA_NAME = ".metadata.json"
@@ -66,6 +66,8 @@ FORMAT_NAME = "tensorlist-dcp"
 DCP_FORMAT_VERSION = 1
 #: The shipped JSON Schema of the metadata.
 SCHEMA = "dcp-metadata.schema.json"
+#: DCP's ``Metadata.version`` written with a checkpoint that no DCP save made (DCP's FileSystemWriter writes the same).
+DCP_VERSION = "1.0.0"
 
 # Files a save of this layout creates: shard descriptors, their data files, and
 # the temporary names of both (a killed save leaves those); group 2 is the saveId.
@@ -716,10 +718,22 @@ def read_full(path, *, verify: bool = False, mmap: bool = True, limits: Limits =
         for fqn, t in ckpt.entries.items():
             if t is None:
                 out[fqn] = shards.value(ckpt.storage[(fqn, None)])
-                continue
-            full = np.empty(t.size, dtype=_dtypes.from_name(t.dtype).numpy)
-            for off, sz in t.chunks:
-                part = shards.array(ckpt.storage[(fqn, off)])
-                full[tuple(slice(o, o + s) for o, s in zip(off, sz))] = part
-            out[fqn] = full
+            else:
+                out[fqn] = assemble(t, lambda off, fqn=fqn: shards.array(ckpt.storage[(fqn, off)]), copy=True)
     return out
+
+
+def assemble(t: TensorMeta, chunk, *, copy: bool = False) -> np.ndarray:
+    """The whole tensor ``t`` from its chunks, ``chunk(offsets)`` giving each (checked metadata: they tile it).
+
+    A tensor saved as one chunk comes back as that chunk itself (a view of a
+    mapped shard, say) unless ``copy``; empty chunks are not asked for.
+    """
+    if len(t.chunks) == 1 and tuple(t.chunks[0][1]) == tuple(t.size):
+        part = chunk(t.chunks[0][0])
+        return np.array(part) if copy else part
+    full = np.empty(t.size, dtype=_dtypes.from_name(t.dtype).numpy)
+    for off, sz in t.chunks:
+        if _numel(sz):
+            full[tuple(slice(o, o + s) for o, s in zip(off, sz))] = chunk(off)
+    return full

@@ -12,6 +12,8 @@ hf            ``*.safetensors.index.json``                 Hugging Face sharded 
 npz           ``*.npz``                                    bfloat16/float8 kept through a side entry
 npy           ``*.npy``                                    exactly one tensor; no bfloat16/float8
 pt            ``*.pt``, ``*.pth``, ``*.bin``, ``*.ckpt``   read with ``weights_only=True`` only
+dcp           a directory holding ``.metadata.json``       tensorlist's DCP layout; chunks kept dcp to dcp
+torch-dcp     a directory holding ``.metadata`` only       DCP's FileSystemWriter layout; read only, no pickle run
 ============  ===========================================  ============================
 
 Every conversion streams tensor by tensor: sources are memory-mapped (or,
@@ -47,12 +49,17 @@ The package, one concept a module:
 - ``formats``: format names and their inference, dtype tables, ``Entry`` and ``Source``;
 - ``sources``: the reader of each format (``open_source``), every source checked as hostile input;
 - ``torchfile``: the torch source (torch imported only when a torch file is read);
+- ``dcp``: checkpoint directories: both DCP layouts as sources (tensors assembled whole from their
+  chunks), tensorlist's as a destination;
+- ``distcp``: DCP's own layout read without running its pickle (a restricted unpickler), its records
+  through ``torch.load(weights_only=True)``;
 - ``sinks``: the writer of each format, and ``convert``;
 - ``compare``: ``diff``.
 """
 from __future__ import annotations
 
 from .compare import DiffResult, diff
+from .dcp import VALUES_KEY, DcpSource
 from .formats import DEFAULT_SHARD_BYTES, FORMATS, MAX_EXPANSION, MAX_SAFETENSORS_HEADER, MIN_EXPANSION_BYTES, \
     NPZ_SIDECAR, Entry, MetadataDroppedWarning, Source, infer_format
 from .sinks import convert
@@ -60,4 +67,4 @@ from .sources import open_source
 
 __all__ = ["FORMATS", "convert", "infer_format", "open_source", "diff", "DiffResult", "DEFAULT_SHARD_BYTES",
            "MAX_SAFETENSORS_HEADER", "NPZ_SIDECAR", "MAX_EXPANSION", "MIN_EXPANSION_BYTES", "Entry", "Source",
-           "MetadataDroppedWarning"]
+           "MetadataDroppedWarning", "DcpSource", "VALUES_KEY"]

@@ -5,7 +5,7 @@ A :class:`Source` (built by ``sources``) is the tensors of a file as lazy
 source's shapes obey tensorlist's own rules (:func:`check_shape`) and every
 conversion the readers' limits (:func:`check_limits`: ``max_tensors``, and a
 cap on what a source may expand to). Imports ``_backends``, ``_dtypes``,
-``format`` and ``errors`` only.
+``format``, ``errors`` and ``dcp_read`` (the name of a checkpoint's metadata) only.
 """
 from __future__ import annotations
 
@@ -20,14 +20,21 @@ import numpy as np
 
 from .. import _dtypes
 from .._backends import is_remote, localize
+from ..dcp_read import METADATA_NAME
 from ..errors import FormatError
 from ..format import Limits, dims_problem, open_regular, shape_nbytes
 
 __all__ = ["FORMATS", "MAX_SAFETENSORS_HEADER", "DEFAULT_SHARD_BYTES", "NPZ_SIDECAR", "ST_DTYPES", "ST_NAMES",
            "ST_RANK", "ST_NOT_HERE", "RAW_DTYPES", "UINT", "MAX_EXPANSION", "MIN_EXPANSION_BYTES",
-           "check_format", "check_shape", "row_of", "check_limits", "expansion_cap", "infer_format", "Entry", "Source", "MetadataDroppedWarning"]
+           "check_format", "check_shape", "row_of", "check_limits", "expansion_cap", "infer_format", "Entry", "Source",
+           "MetadataDroppedWarning", "DCP_FORMATS", "TORCH_DCP_METADATA"]
 
-FORMATS = ("tensorlist", "lamp", "safetensors", "hf", "npz", "npy", "pt")
+FORMATS = ("tensorlist", "lamp", "safetensors", "hf", "npz", "npy", "pt", "dcp", "torch-dcp")
+#: Checkpoint directories: ``dcp``, tensorlist's layout of torch.distributed.checkpoint (read and written);
+#: ``torch-dcp``, the layout of DCP's own FileSystemWriter (read only: its metadata is a pickle).
+DCP_FORMATS = ("dcp", "torch-dcp")
+#: The metadata of a checkpoint that DCP's FileSystemWriter saved (a pickle, read only under restrictions).
+TORCH_DCP_METADATA = ".metadata"
 
 #: Largest safetensors header read or written (safetensors' own MAX_HEADER_SIZE, 100 MB decimal).
 MAX_SAFETENSORS_HEADER = 100_000_000
@@ -105,10 +112,19 @@ def check_format(fmt: str) -> str:
 def infer_format(path, *, for_reading: bool = False) -> str:
     """The format a file name implies (see the package's table); reading also sniffs the bytes.
 
+    A directory (one that exists, or a name ending with ``/``) is a checkpoint:
+    ``torch-dcp`` when it holds DCP's own ``.metadata`` and no ``.metadata.json``,
+    else ``dcp``.
+
     >>> infer_format("model.safetensors.index.json"), infer_format("x.npz"), infer_format("w.tl")
     ('hf', 'npz', 'tensorlist')
+    >>> infer_format("s3://bucket/run/ckpt/")
+    'dcp'
     """
-    p = os.fspath(path).lower()
+    name = os.fspath(path)
+    if name.endswith("/") or (not is_remote(name) and os.path.isdir(localize(name))):
+        return _checkpoint_format(name) if for_reading else "dcp"
+    p = name.lower()
     if p.endswith(".index.json"):
         return "hf"
     for ext, fmt in ((".safetensors", "safetensors"), (".npz", "npz"), (".npy", "npy"), (".pt", "pt"),
@@ -120,6 +136,16 @@ def infer_format(path, *, for_reading: bool = False) -> str:
         if sniffed:
             return sniffed
     return "tensorlist"
+
+
+def _checkpoint_format(path: str) -> str:
+    if is_remote(path):
+        return "dcp"
+    folder = localize(path)
+    if not os.path.lexists(os.path.join(folder, METADATA_NAME)) and \
+            os.path.lexists(os.path.join(folder, TORCH_DCP_METADATA)):
+        return "torch-dcp"
+    return "dcp"
 
 
 def _sniff(path: str) -> Optional[str]:

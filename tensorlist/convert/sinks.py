@@ -25,8 +25,9 @@ from .._commit import atomic_file, durable_replace, tmp_beside
 from .._jsonio import dumps
 from ..format import Limits, short_repr
 from ..writer import Writer
-from .formats import DEFAULT_SHARD_BYTES, MAX_SAFETENSORS_HEADER, NPZ_SIDECAR, RAW_DTYPES, ST_NAMES, ST_RANK, UINT, \
-    Entry, MetadataDroppedWarning, Source, check_format, check_limits, infer_format
+from .dcp import DcpSource, write_dcp
+from .formats import DCP_FORMATS, DEFAULT_SHARD_BYTES, MAX_SAFETENSORS_HEADER, NPZ_SIDECAR, RAW_DTYPES, ST_NAMES, \
+    ST_RANK, UINT, Entry, MetadataDroppedWarning, Source, check_format, check_limits, infer_format
 from .sources import open_source
 
 __all__ = ["convert", "Progress"]
@@ -308,7 +309,16 @@ def _write_pt(src: Source, dst: str, bar: Progress, durable: bool, options: dict
 
 
 _WRITERS = {"safetensors": _write_safetensors, "hf": _write_hf, "npz": _write_npz, "npy": _write_npy,
-            "pt": _write_pt}
+            "pt": _write_pt, "dcp": write_dcp}
+
+
+def _destination_format(dst: str, src: str, src_format: Optional[str]) -> str:
+    """The destination's format from its name; a checkpoint directory for a checkpoint's name without an extension."""
+    fmt = infer_format(dst)
+    base = os.path.basename(dst.rstrip("/"))
+    if fmt == "tensorlist" and "." not in base and (src_format or infer_format(src, for_reading=True)) in DCP_FORMATS:
+        return "dcp"
+    return fmt
 
 
 def convert(src, dst, *, src_format: Optional[str] = None, dst_format: Optional[str] = None,
@@ -318,8 +328,10 @@ def convert(src, dst, *, src_format: Optional[str] = None, dst_format: Optional[
     """Converts ``src`` into ``dst``, tensor by tensor, bit for bit.
 
     Args:
-        src, dst: paths (or, for tensorlist/lamp files, fsspec URLs).
-        src_format, dst_format: one of ``FORMATS``; inferred from the names when None.
+        src, dst: paths (or, for tensorlist/lamp files and dcp checkpoints, fsspec URLs); checkpoint
+            directories for ``dcp`` (source and destination) and ``torch-dcp`` (source only).
+        src_format, dst_format: one of ``FORMATS``; inferred from the names when None (a directory,
+            a name ending with ``/``, or the name without an extension of a checkpoint's copy: ``dcp``).
         progress: show a tqdm progress bar on stderr (None: when stderr is a terminal).
         allow_outside: trust a tensorlist data file or Hugging Face shard outside its directory.
         pointer: the list to convert in a tensorlist document embedding several (``/model``).
@@ -346,15 +358,23 @@ def convert(src, dst, *, src_format: Optional[str] = None, dst_format: Optional[
         OSError: a file cannot be read or written.
     """
     src, dst = localize(os.fspath(src)), localize(os.fspath(dst))
-    dst_format = check_format(dst_format or infer_format(dst))
-    if is_remote(dst) and dst_format not in ("tensorlist", "lamp"):
-        raise ValueError(f"{dst}: remote URLs are supported for tensorlist and lamp files, not {dst_format}")
+    dst_format = check_format(dst_format or _destination_format(dst, src, src_format))
+    if dst_format == "torch-dcp":
+        raise ValueError("torch-dcp (DCP's FileSystemWriter layout, a pickle) is read, never written: convert to "
+                         "dcp, tensorlist's layout of the same checkpoint")
+    if is_remote(dst) and dst_format not in ("tensorlist", "lamp", "dcp"):
+        raise ValueError(f"{dst}: remote URLs are supported for tensorlist and lamp files, not {dst_format} (and "
+                         "for dcp checkpoint directories)")
     if not is_remote(src) and not is_remote(dst) and os.path.exists(dst) and os.path.samefile(src, dst):
         raise ValueError(f"{src} and {dst} are the same file")
     limits = Limits.of(max_tensors=max_tensors, max_total_bytes=max_total_bytes)
     with open_source(src, src_format, allow_outside=allow_outside, pointer=pointer, max_tensors=max_tensors,
                      max_total_bytes=max_total_bytes) as s:
         check_limits(s, limits)
+        if isinstance(s, DcpSource) and dst_format != "dcp" and s.pickled():
+            warnings.warn(f"{src}: its values {', '.join(map(repr, s.pickled()))} are pickles (torch_save) and are "
+                          f"not written to {dst}: only a dcp checkpoint keeps them (as bytes, never unpickled)",
+                          MetadataDroppedWarning, stacklevel=2)
         if s.metadata is not None and dst_format in ("lamp", "npy", "pt"):
             warnings.warn(f"{src}: its metadata ({short_repr(s.metadata, 60)}) is not written to {dst}: "
                           f"{dst_format} files cannot hold it", MetadataDroppedWarning, stacklevel=2)

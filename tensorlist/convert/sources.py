@@ -5,7 +5,7 @@ FIFO or device is refused by name instead of blocking), JSON is read through
 the capped :func:`tensorlist.format.read_json_file`, Hugging Face shards are
 confined to the index's directory as data files are to their descriptor's
 (:func:`tensorlist.format.check_data_path`). torch files are read by
-``torchfile``.
+``torchfile``, checkpoint directories by ``dcp``.
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from ..format import MAX_DESCRIPTOR_BYTES, Limits, ListDescriptor, check_data_pa
 from ..reader import Reader
 from .formats import MAX_SAFETENSORS_HEADER, NPZ_SIDECAR, RAW_DTYPES, ST_DTYPES, ST_NOT_HERE, ST_RANK, UINT, Entry, \
     Source, check_format, check_limits, check_shape, infer_format, row_of
+from .dcp import open_dcp, open_torch_dcp
 from .torchfile import open_pt
 
 __all__ = ["open_source", "SafetensorsFile", "ST_MAX_DEPTH"]
@@ -45,7 +46,8 @@ def open_source(path, fmt: Optional[str] = None, *, allow_outside: bool = False,
     and the tensor, never a stray numpy, torch or recursion error.
 
     Args:
-        path: a path (or, for tensorlist/lamp files, an fsspec URL).
+        path: a path (or, for tensorlist/lamp files and dcp checkpoints, an fsspec URL); a
+            checkpoint directory for ``dcp`` and ``torch-dcp``.
         fmt: one of ``FORMATS``; inferred from the name (and the bytes) when None.
         allow_outside: trust a data file (tensorlist) or shard (Hugging Face) outside the
             directory of the file naming it.
@@ -64,13 +66,17 @@ def open_source(path, fmt: Optional[str] = None, *, allow_outside: bool = False,
     path = localize(os.fspath(path))
     fmt = check_format(fmt or infer_format(path, for_reading=True))
     limits = Limits.of(max_tensors=max_tensors, max_total_bytes=max_total_bytes)
-    if is_remote(path) and fmt not in ("tensorlist", "lamp"):
-        raise ValueError(f"{path}: remote URLs are supported for tensorlist and lamp files, not {fmt}; "
-                         "copy the file locally first")
+    if is_remote(path) and fmt not in ("tensorlist", "lamp", "dcp"):
+        raise ValueError(f"{path}: remote URLs are supported for tensorlist and lamp files, not {fmt} (and for dcp "
+                         "checkpoint directories); copy it locally first")
     if fmt in ("tensorlist", "lamp"):
         src = _open_tensorlist(path, fmt, allow_outside, pointer, limits)
     elif pointer is not None:
         raise ValueError(f"{path}: a JSON pointer selects a list in a tensorlist document, not in a {fmt} file")
+    elif fmt == "dcp":
+        src = open_dcp(path, limits)
+    elif fmt == "torch-dcp":
+        src = open_torch_dcp(path, limits)
     elif fmt == "hf":
         src = _open_hf(path, allow_outside)
     elif fmt == "pt":
