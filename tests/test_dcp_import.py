@@ -374,6 +374,27 @@ def _dtype(md):
     md.state_dict_metadata["model.w"].properties.dtype = torch.complex32
 
 
+def _cycle(md):
+    loop = []
+    loop.append(loop)
+    md.planner_data = {"model.w": loop}
+
+
+def _bomb(md):
+    x = ["x"]
+    for _ in range(80):  # 2**80 leaves in a few hundred bytes of pickle
+        x = [x, x]
+    md.planner_data = {"model.w": x}
+
+
+def _sizes_bomb(src):
+    """torch.Size applied 100,000 times to one list of 100,000 items (a few hundred KB of pickle)."""
+    n = 100_000
+    body = (b"\x80\x04\x8c\x05torch\x8c\x04Size\x93\x94]\x94(" + b"K\x01" * n + b"e"
+            + b"h\x00h\x01\x85R0" * 100_000 + b"N.")
+    (src / ".metadata").write_bytes(body)
+
+
 # (id, damage, message) for pickles without a stray global: every field is still checked
 HOSTILE = [
     ("path leaves the directory", _edit_md(lambda md: setattr(_record(md, "model.w"), "relative_path",
@@ -389,6 +410,11 @@ HOSTILE = [
      "is not a torch.Size of non-negative integers"),
     ("state dict not a dict", _edit_md(lambda md: setattr(md, "state_dict_metadata", [1, 2])), "is not a dict"),
     ("garbage", lambda src: (src / ".metadata").write_bytes(b"\x80\x04garbage"), "the pickle cannot be read"),
+    ("planner_data holds itself", _edit_md(_cycle), "a cycle, or a pickle bomb"),
+    ("planner_data expands 2**80 times", _edit_md(_bomb), "a cycle, or a pickle bomb"),
+    ("a million lists deep", lambda src: (src / ".metadata").write_bytes(
+        b"\x80\x04" + b"]" * 1_000_000 + b"a" * 999_999 + b"."), "expected DCP's Metadata, got a list of 1 items"),
+    ("torch.Size of a huge list, many times", _sizes_bomb, "not a list of at most 64 integers"),
     ("JSON", lambda src: (src / ".metadata").write_text('{"format": "x"}'), "is JSON, not DCP's pickled metadata"),
 ]
 

@@ -12,8 +12,9 @@ that holds data and runs nothing of torch or DCP:
   the memory-format enum: objects that only keep the state the pickle gives them;
 - ``torch.Size`` (a tuple of integers), torch dtypes, layouts (``torch.strided``,
   ``torch.serialization._get_layout``) and memory formats: their names;
-- ``collections.OrderedDict``, ``builtins.set``/``frozenset`` and ``pathlib``
-  paths: a dict, sets, a string.
+- ``collections.OrderedDict`` and ``pathlib`` paths: an empty dict (filled
+  by pickle's own opcodes), a string. (Lists, tuples, dicts, sets, strings and
+  numbers need no global.)
 
 Any other global (``os.system``, ``builtins.eval``, ``torch.load``...) is
 refused before anything is called, with a FormatError naming the file and the
@@ -53,11 +54,11 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from .. import _dtypes
-from .._jsonio import dumps, to_tagged
+from .._jsonio import MAX_DEPTH, dumps, to_tagged
 from ..dcp_read import (DCP_VERSION, Checkpoint, StorageEntry, TensorMeta, bytes_key, encode_value,
                         metadata_document, parse_metadata, shard_name, tensor_key)
 from ..errors import FormatError
-from ..format import Limits, open_regular, short_repr
+from ..format import MAX_DIMS, Limits, open_regular, short_repr
 from .formats import TORCH_DCP_METADATA, expansion_cap
 
 __all__ = ["TorchCheckpoint", "Record", "read_torch_metadata", "load_chunk", "load_value", "record_bytes"]
@@ -120,28 +121,56 @@ class _Refused(Exception):
         self.name = name
 
 
+def _what(v) -> str:
+    """A few words about an unpickled value, for messages: never ``repr`` of a whole container.
+
+    (A container from a pickle may nest thousands deep, hold itself, or share one list a million times:
+    ``repr`` would recurse, never end, or take as long; an integer may have more digits than ``str`` takes.)
+    """
+    if isinstance(v, (list, tuple)) and len(v) <= 16 and \
+            all(type(x) is int and x.bit_length() <= 64 for x in v):
+        return repr(v)  # a shape or offsets: shown whole
+    if isinstance(v, (list, tuple, dict, set, frozenset)):
+        return f"a {type(v).__name__} of {len(v)} items"
+    if isinstance(v, _Standin):
+        return f"DCP's {v.kind}"
+    if isinstance(v, _Torch) or v is None or isinstance(v, (bool, float)):
+        return repr(v)
+    if isinstance(v, int):
+        return repr(v) if v.bit_length() <= 64 else f"an integer of {v.bit_length()} bits"
+    if isinstance(v, (str, bytes)):
+        return short_repr(v[:100])
+    return f"a {type(v).__name__}"
+
+
 def _size(values=()) -> tuple:
-    values = tuple(values)
+    # checked before it is copied: one pickle may apply torch.Size to one huge list many times
+    if not isinstance(values, (list, tuple)) or len(values) > MAX_DIMS:
+        raise ValueError(f"torch.Size of {_what(values)}: not a list of at most {MAX_DIMS} integers")
     if not all(type(v) is int for v in values):
-        raise ValueError(f"torch.Size of {short_repr(values)}: not integers")
-    return values
+        raise ValueError(f"torch.Size of {_what(values)}: not integers")
+    return tuple(values)
+
+
+def _ordered_dict() -> dict:
+    return {}  # pickle fills it with SETITEMS, as it does an OrderedDict
 
 
 def _layout(name) -> _Torch:
     if not isinstance(name, str) or name.removeprefix("torch.") not in _TORCH_LAYOUTS:
-        raise ValueError(f"{short_repr(name)} is not a torch layout")
+        raise ValueError(f"{_what(name)} is not a torch layout")
     return _Torch("layout", name.removeprefix("torch."))
 
 
 def _memory_format(code) -> _Torch:
     if type(code) is not int or code not in _MEMORY_FORMAT_CODES:
-        raise ValueError(f"{short_repr(code)} is not one of DCP's memory format codes")
+        raise ValueError(f"{_what(code)} is not one of DCP's memory format codes")
     return _Torch("memory_format", _MEMORY_FORMAT_CODES[code])
 
 
 def _path(*parts) -> str:
-    if not all(isinstance(p, str) for p in parts):
-        raise ValueError(f"a path of {short_repr(parts)}")
+    if len(parts) > 4096 or not all(isinstance(p, str) for p in parts):
+        raise ValueError(f"a path of {_what(parts)}")
     return posixpath.join(*parts) if parts else ""
 
 
@@ -164,15 +193,13 @@ class _Unpickler(pickle.Unpickler):
                 if name in names:
                     return _Torch(kind, name)
         if key == ("collections", "OrderedDict"):
-            return dict
-        if key in (("builtins", "set"), ("builtins", "frozenset")):
-            return set if name == "set" else frozenset
+            return _ordered_dict
         if key in _PATHS:
             return _path
         raise _Refused(f"{module}.{name}")
 
     def persistent_load(self, pid):
-        raise _Refused(f"a persistent id ({short_repr(pid, 40)})")
+        raise _Refused(f"a persistent id ({_what(pid)})")
 
 
 @dataclass(frozen=True)
@@ -216,18 +243,18 @@ class _Walk:
 
     def state(self, obj, kind: str, at: str):
         if not isinstance(obj, _Standin) or obj.kind != kind:
-            self.fail(at, f"expected DCP's {kind}, got {short_repr(obj)}")
+            self.fail(at, f"expected DCP's {kind}, got {_what(obj)}")
         return getattr(obj, "state", {})
 
     def fields(self, obj, kind: str, at: str) -> dict:
         state = self.state(obj, kind, at)
         if not isinstance(state, dict) or not all(isinstance(k, str) for k in state):
-            self.fail(at, f"the state of its {kind} is {short_repr(state)}, not its fields")
+            self.fail(at, f"the state of its {kind} is {_what(state)}, not its fields")
         return state
 
     def dims(self, v, at: str) -> Tuple[int, ...]:
         if not isinstance(v, tuple) or not all(type(x) is int and x >= 0 for x in v):
-            self.fail(at, f"{short_repr(v)} is not a torch.Size of non-negative integers")
+            self.fail(at, f"{_what(v)} is not a torch.Size of non-negative integers")
         return v
 
     def count(self, n: int) -> None:
@@ -241,28 +268,28 @@ class _Walk:
         if isinstance(props, dict):  # DCP before __getstate__ (torch 2.0)
             props = tuple(props.get(k) for k in ("dtype", "layout", "requires_grad", "memory_format", "pin_memory"))
         if not isinstance(props, tuple) or len(props) != 5:
-            self.fail(f"{at}.properties", f"{short_repr(props)} is not (dtype, layout, requires_grad, "
+            self.fail(f"{at}.properties", f"{_what(props)} is not (dtype, layout, requires_grad, "
                                           "memory_format, pin_memory)")
         dtype, layout, requires_grad, memory_format, pin_memory = props
         if not isinstance(dtype, _Torch) or dtype.kind != "dtype":
-            self.fail(f"{at}.properties.dtype", f"{short_repr(dtype)} is not a torch dtype")
+            self.fail(f"{at}.properties.dtype", f"{_what(dtype)} is not a torch dtype")
         if dtype.name not in _TL_DTYPES:
             raise FormatError(f"{fqn!r}: torch dtype {dtype.name} has no tensorlist dataType code", file=self.file,
                               field=f"{at}.properties.dtype")
         if not isinstance(layout, _Torch) or layout.name != "strided":
-            raise FormatError(f"{fqn!r}: layout {short_repr(layout)} is not strided (only dense tensors are read)",
+            raise FormatError(f"{fqn!r}: layout {_what(layout)} is not strided (only dense tensors are read)",
                               file=self.file, field=f"{at}.properties.layout")
         if memory_format is None:
             memory_format = _Torch("memory_format", "contiguous_format")
         if not isinstance(memory_format, _Torch) or memory_format.name not in _MEMORY_FORMAT_CODES.values():
-            self.fail(f"{at}.properties.memory_format", f"{short_repr(memory_format)} is not a memory format")
+            self.fail(f"{at}.properties.memory_format", f"{_what(memory_format)} is not a memory format")
         for name, v in (("requires_grad", requires_grad), ("pin_memory", pin_memory)):
             if not isinstance(v, bool):
-                self.fail(f"{at}.properties.{name}", f"{short_repr(v)} is not a boolean")
+                self.fail(f"{at}.properties.{name}", f"{_what(v)} is not a boolean")
         size = self.dims(d.get("size"), f"{at}.size")
         chunks = d.get("chunks")
         if not isinstance(chunks, list):
-            self.fail(f"{at}.chunks", f"{short_repr(chunks)} is not a list")
+            self.fail(f"{at}.chunks", f"{_what(chunks)} is not a list")
         self.count(len(chunks))
         out = []
         for i, c in enumerate(chunks):
@@ -275,19 +302,19 @@ class _Walk:
         i = self.fields(index, "MetadataIndex", f"{at} (key)")
         fqn, offset = i.get("fqn"), i.get("offset")
         if not isinstance(fqn, str):
-            self.fail(f"{at} (key)", f"fqn {short_repr(fqn)} is not a string")
+            self.fail(f"{at} (key)", f"fqn {_what(fqn)} is not a string")
         if offset is not None:
             offset = self.dims(offset, f"{at} (key).offset")
         s = self.fields(info, "_StorageInfo", at)
         name, start, length = s.get("relative_path"), s.get("offset"), s.get("length")
         if not isinstance(name, str) or not _DISTCP.match(name):
-            self.fail(f"{at}.relative_path", f"{short_repr(name)} is not a file FileSystemWriter writes "
+            self.fail(f"{at}.relative_path", f"{_what(name)} is not a file FileSystemWriter writes "
                                              "(__<rank>_<n>.distcp, in the checkpoint's directory)")
         for field, v in (("offset", start), ("length", length)):
             if type(v) is not int or v < 0:
-                self.fail(f"{at}.{field}", f"{short_repr(v)} is not a non-negative integer")
+                self.fail(f"{at}.{field}", f"{_what(v)} is not a non-negative integer")
         if s.get("transform_descriptors"):
-            raise FormatError(f"{fqn!r} was written through stream extensions {short_repr(s['transform_descriptors'])}"
+            raise FormatError(f"{fqn!r} was written through stream extensions {_what(s['transform_descriptors'])}"
                               " (FileSystemWriter(_extensions=...)): not supported", file=self.file, field=at)
         return (fqn, offset), Record(name, start, length)
 
@@ -331,10 +358,10 @@ def read_torch_metadata(path, *, limits: Limits = Limits()) -> TorchCheckpoint:
     md = walk.fields(_load_pickle(raw, file), "Metadata", "Metadata")
     sdm = md.get("state_dict_metadata")
     if not isinstance(sdm, dict):
-        walk.fail("state_dict_metadata", f"{short_repr(sdm)} is not a dict")
+        walk.fail("state_dict_metadata", f"{_what(sdm)} is not a dict")
     entries: Dict[str, Optional[TensorMeta]] = {}
     for fqn, v in sdm.items():
-        at = f"state_dict_metadata[{short_repr(fqn, 60)}]"
+        at = f"state_dict_metadata[{_what(fqn)}]"
         if not isinstance(fqn, str):
             walk.fail(at, "a key that is not a string")
         if isinstance(v, _Standin) and v.kind == "BytesStorageMetadata":
@@ -343,13 +370,13 @@ def read_torch_metadata(path, *, limits: Limits = Limits()) -> TorchCheckpoint:
             entries[fqn] = walk.tensor(fqn, v, at)
     storage = md.get("storage_data")
     if not isinstance(storage, dict):
-        walk.fail("storage_data", f"{short_repr(storage)} is not a dict")
+        walk.fail("storage_data", f"{_what(storage)} is not a dict")
     walk.count(len(storage))
     records: Dict[Tuple[str, Optional[Tuple[int, ...]]], Record] = {}
     for k, (index, info) in enumerate(storage.items()):
         key, rec = walk.record(index, info, f"storage_data[{k}]")
         if key in records:
-            walk.fail(f"storage_data[{k}]", f"a second record for {key[0]!r} at offsets {short_repr(key[1])}")
+            walk.fail(f"storage_data[{k}]", f"a second record for {key[0]!r} at offsets {_what(key[1])}")
         records[key] = rec
     plan, ranks = _plan(path, file, entries, records, md)
     _check_ranges(path, records, plan)
@@ -374,6 +401,10 @@ def _plan(path: str, file: str, entries, records, md: dict):
         storage.append((rank, k, e))
     storage.sort(key=lambda r: r[:2])
     planner = md.get("planner_data")
+    if planner is not None and not _small(planner, 64 * len(entries) + 4096):
+        raise FormatError(f"not DCP metadata: planner_data nests deeper than {MAX_DEPTH} levels or holds more "
+                          "items than its state dict could need (a cycle, or a pickle bomb)", file=file,
+                          field="planner_data")
     try:
         planner = None if planner is None else to_tagged(planner, "planner_data")
         dumps(planner)
@@ -385,6 +416,26 @@ def _plan(path: str, file: str, entries, records, md: dict):
                             storage_meta=None)
     plan = parse_metadata(doc, file=file, path=path)
     return plan, {shard_name(r, _PLAN_ID): r for r, _, _ in storage}
+
+
+def _small(value, budget: int) -> bool:
+    """Whether ``value`` has at most ``budget`` nodes, counting shared ones each time, and ``MAX_DEPTH`` levels.
+
+    A pickle can make a list hold itself, or share one list at every level
+    (a few bytes that expand exponentially): walked before anything
+    (``to_tagged``, ``dumps``) copies it.
+    """
+    stack = [(value, 0)]
+    while stack:
+        v, depth = stack.pop()
+        budget -= 1
+        if budget < 0 or depth > MAX_DEPTH:
+            return False
+        if isinstance(v, (list, tuple, set, frozenset)):
+            stack.extend((x, depth + 1) for x in v)
+        elif isinstance(v, dict):
+            stack.extend((x, depth + 1) for kv in v.items() for x in kv)
+    return True
 
 
 def _check_ranges(path: str, records, plan: Checkpoint) -> None:
