@@ -30,7 +30,20 @@ through the capped, strict, regular-file-checked ``format.read_json_file``,
 and each data file once into private memory; :func:`phase_parts` and
 :func:`state_from_phase` take the result apart again.
 
-Imports ``format``, ``_datafile``, ``_jsonio``, ``writer`` and ``loops.state``.
+A **sharded** checkpoint (``checkpoint_format="sharded"``) is a
+torch.distributed.checkpoint directory in ``tensorlist.dcp``'s layout whose
+state dict holds ``model`` (the module's state), ``optim`` (the optimizer's,
+keyed by parameter names, as DCP's ``get_optimizer_state_dict`` gives it),
+``min_model`` and ``averaged`` when the run has them, ``loop`` (this
+document without its tensors, as JSON text, written by rank 0; its tensor
+lists are references ``{"dcp": key}``) and ``rng.<rank>`` (each rank's
+generator states, JSON text). The loop state is one JSON text rather than a
+nested dict because DCP would store each leaf of a dict as its own entry and
+drop empty dicts. This module reads it without torch:
+:func:`read_sharded_loop_state` (the JSON only, for resuming) and
+:func:`read_checkpoint` on the directory (everything, for inspection).
+
+Imports ``format``, ``_datafile``, ``_jsonio``, ``writer``, ``dcp_read`` and ``loops.state``.
 """
 from __future__ import annotations
 
@@ -39,14 +52,17 @@ import os
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from .._datafile import open_consistently
-from .._jsonio import from_tagged, resolve_pointer, set_at_pointer, to_tagged
+from .._jsonio import dumps, from_tagged, loads_strict, resolve_pointer, set_at_pointer, to_tagged
+from ..dcp_read import METADATA_NAME, Checkpoint, Shards, read_full, read_metadata
 from ..format import Limits, find_tensor_lists, parse_list, read_json_file
 from ..writer import Tensors, save_document
 from .state import State, rng_state
 
 __all__ = [
     "LOOP_STATE_FORMAT", "CHECKPOINT_TYPES", "phase_document", "empty_simple", "extension", "loop_document",
-    "write_checkpoint", "read_checkpoint", "phase_parts", "state_from_phase",
+    "write_checkpoint", "read_checkpoint", "phase_parts", "state_from_phase", "SHARDED_KEYS", "dcp_ref",
+    "rng_key", "is_sharded_checkpoint", "sharded_checkpoint_exists", "loop_state_text", "rng_text",
+    "read_sharded_loop_state",
 ]
 
 #: Version marker of the loops' extension object (``"tensorlist"`` key of a checkpoint).
@@ -55,6 +71,21 @@ LOOP_STATE_FORMAT = "tensorlist.loop-state/1"
 #: The checkpoint ``type`` each loop writes and resumes from (lamp's StateIO names).
 CHECKPOINT_TYPES = {"epochs": "SimpleLoopState", "swa_epochs": "SWALoopState",
                     "with_swa": "SimpleThenSWALoopState"}
+
+#: A sharded checkpoint's top-level state-dict keys, by what they hold (``rng.<rank>`` besides).
+SHARDED_KEYS = {"model": "model", "optimizer": "optim", "min_model": "min_model", "averaged": "averaged",
+                "loop": "loop"}
+
+
+def dcp_ref(what: str) -> dict:
+    """The reference a sharded checkpoint's loop state holds in place of a tensor list (``what``: a
+    key of :data:`SHARDED_KEYS`)."""
+    return {"dcp": SHARDED_KEYS[what]}
+
+
+def rng_key(rank: int) -> str:
+    """The state-dict key of a rank's generator states in a sharded checkpoint."""
+    return f"rng.{int(rank)}"
 
 
 # --------------------------------------------------------------------------
@@ -75,55 +106,82 @@ def _opt(doc: dict, key: str, value) -> None:
         doc[key] = value
 
 
+def _is_ref(value) -> bool:
+    return isinstance(value, Mapping) and set(value) == {"dcp"}
+
+
+def _tensor_list(arrays: Mapping, metadata: Optional[dict] = None):
+    """A TensorList of ``arrays``, or a sharded checkpoint's :func:`dcp_ref` passed on as it is."""
+    return dict(arrays) if _is_ref(arrays) else Tensors(dict(arrays), metadata=metadata)
+
+
 def phase_document(kind: str, *, model: Mapping, model_meta: Optional[dict], optimizer: Mapping,
                    optimizer_meta: Optional[dict], state: State, min_model: Optional[Mapping] = None,
                    averaged: Optional[Mapping] = None) -> dict:
     """One SimpleLoopState (``kind="simple"``) / SWALoopState (``"swa"``) object without ``type``.
 
     lamp's keys in lamp's order; ``epoch`` is ``state.epoch`` (the number of
-    epochs completed), the learning curve is written newest first.
+    epochs completed), the learning curve is written newest first. The
+    tensors (``model``, ``optimizer``, ``min_model``, ``averaged``) are
+    mappings of arrays, or :func:`dcp_ref` references in a sharded
+    checkpoint's loop state.
     """
     doc: Dict[str, Any] = {
-        "model": Tensors(dict(model), metadata=model_meta),
-        "optimizer": Tensors(dict(optimizer), metadata=optimizer_meta),
+        "model": _tensor_list(model, model_meta),
+        "optimizer": _tensor_list(optimizer, optimizer_meta),
         "epoch": int(state.epoch),
     }
     _opt(doc, "lastValidationLoss", state.last_validation_loss)
     _opt(doc, "minValidationLoss", state.min_validation_loss)
     if kind == "simple":
         if min_model is not None:
-            doc["minValidationLossModel"] = [int(state.min_validation_epoch), Tensors(dict(min_model))]
+            doc["minValidationLossModel"] = [int(state.min_validation_epoch), _tensor_list(min_model)]
         curve = [[e, _num(t), _num(s), _num(r)] for e, t, s, r in reversed(state.learning_curve)]
     else:
         doc["numberOfAveragedModels"] = int(state.number_of_averaged_models)
         if averaged is not None:
-            doc["averagedModels"] = Tensors(dict(averaged))
+            doc["averagedModels"] = _tensor_list(averaged)
         curve = [[e, _num(t), _num(v)] for e, t, v in reversed(state.learning_curve)]
     if curve:
         doc["learningCurve"] = curve
     return doc
 
 
-def empty_simple(state: State) -> dict:
-    """The ``simple`` part of a SimpleThenSWALoopState during the SWA phase (lamp: empty lists)."""
-    return phase_document("simple", model={}, model_meta=None, optimizer={}, optimizer_meta=None, state=state)
+def empty_simple(state: State, *, sharded: bool = False) -> dict:
+    """The ``simple`` part of a SimpleThenSWALoopState during the SWA phase (lamp: empty lists).
+
+    ``sharded``: for a sharded checkpoint's loop state, where an empty list is
+    an empty JSON object.
+    """
+    doc = phase_document("simple", model={}, model_meta=None, optimizer={}, optimizer_meta=None, state=state)
+    if sharded:
+        doc.update(model={}, optimizer={})
+    return doc
 
 
 def extension(*, phase: str, state: State, base_lrs: List[float], lr_scheduler_state,
-              simple_schedule_state=None, swa_schedule_state=None) -> dict:
-    """The ``"tensorlist"`` object: what an exact resume needs beyond lamp's keys (RNG states taken now)."""
-    tensors, meta = rng_state()
-    return {
-        "format": LOOP_STATE_FORMAT,
+              simple_schedule_state=None, swa_schedule_state=None, world_size: Optional[int] = None) -> dict:
+    """The ``"tensorlist"`` object: what an exact resume needs beyond lamp's keys (RNG states taken now).
+
+    With ``world_size`` (a sharded checkpoint's loop state) the RNG states are
+    left out (each rank stores its own, :func:`rng_key`) and ``checkpointFormat``
+    and ``worldSize`` say so.
+    """
+    ext: Dict[str, Any] = {"format": LOOP_STATE_FORMAT}
+    if world_size is not None:
+        ext.update(checkpointFormat="sharded", worldSize=int(world_size))
+    ext.update({
         "phase": phase,
         "iteration": state.iteration,
         "baseLearningRates": list(base_lrs),
         "scheduleState": to_tagged(simple_schedule_state, "schedule state"),
         "swaScheduleState": to_tagged(swa_schedule_state, "swa schedule state"),
         "lrScheduler": None if lr_scheduler_state is None else to_tagged(lr_scheduler_state, "lr scheduler"),
-        "rng": meta,
-        "rngTensors": Tensors(tensors),
-    }
+    })
+    if world_size is None:
+        tensors, meta = rng_state()
+        ext.update(rng=meta, rngTensors=Tensors(tensors))
+    return ext
 
 
 def loop_document(loop_type: str, *, simple: Optional[dict], swa: Optional[dict], ext: dict,
@@ -157,6 +215,16 @@ def loop_document(loop_type: str, *, simple: Optional[dict], swa: Optional[dict]
 def write_checkpoint(path, document: Mapping) -> None:
     """Writes ``document`` to ``path`` atomically (``save_document``: one data file for all its lists)."""
     save_document(path, document)
+
+
+def loop_state_text(document: Mapping) -> str:
+    """A sharded checkpoint's ``loop`` entry: the loop document (tensors as :func:`dcp_ref`) as JSON text."""
+    return dumps(document)
+
+
+def rng_text(state: Mapping) -> str:
+    """A rank's ``rng.<rank>`` entry: ``loops.state.rng_state_json()`` as JSON text."""
+    return dumps(state)
 
 
 # --------------------------------------------------------------------------
@@ -196,12 +264,23 @@ def read_checkpoint(path) -> dict:
     place). Each phase's optimizer and model list metadata are kept under
     ``"optimizerMetadata"`` and ``"modelMetadata"`` next to its lists.
 
+    A directory is read as a sharded checkpoint, for inspection: the loop
+    state with each tensor reference replaced by the arrays it names, whole
+    (assembled from every rank's shards with numpy, ``dcp_read.read_full``):
+    ``model`` and ``minValidationLossModel``/``averagedModels`` by parameter
+    name, ``optimizer`` by DCP's flattened names (``state.<param name>.<key>``,
+    ``param_groups.<i>.<key>``, values included), and the ranks' generator
+    states as ``tensorlist.rngByRank``.
+
     Raises:
         FileNotFoundError: no such checkpoint.
-        FormatError: the file is not a valid tensorlist document.
+        FormatError: the file is not a valid tensorlist document (or the
+            directory not a valid DCP checkpoint of ``tensorlist.dcp``).
         ValueError: the document is not a loop checkpoint.
     """
     path = os.fspath(path)
+    if is_sharded_checkpoint(path):
+        return _read_sharded(path)
     base = os.path.dirname(os.path.abspath(path))
     limits = Limits()
     read: Dict[str, Any] = {}
@@ -224,11 +303,92 @@ def read_checkpoint(path) -> dict:
     finally:
         for f in shared.values():
             f.close()
+    _untag_extension(doc)
+    return doc
+
+
+def is_sharded_checkpoint(path) -> bool:
+    """Whether ``path`` names a sharded checkpoint (a directory) rather than a checkpoint document."""
+    return os.path.isdir(path)
+
+
+def sharded_checkpoint_exists(path) -> bool:
+    """Whether the directory ``path`` holds a committed sharded checkpoint (its DCP metadata file)."""
+    return os.path.isfile(os.path.join(path, METADATA_NAME))
+
+
+def _text_entry(ckpt: Checkpoint, shards: Shards, key: str) -> Any:
+    entry = ckpt.storage.get((key, None))
+    if entry is None:
+        return None
+    text = shards.value(entry)
+    file = os.path.join(ckpt.path, entry.file)
+    if not isinstance(text, str):
+        raise ValueError(f"{file}: the sharded checkpoint's {key!r} entry is not JSON text")
+    return loads_strict(text, file=f"{file} ({key})")
+
+
+def _untag_extension(doc: Mapping) -> None:
     ext = doc.get("tensorlist")
     if isinstance(ext, dict):
         for key in ("lrScheduler", "scheduleState", "swaScheduleState"):
             if ext.get(key) is not None:
                 ext[key] = from_tagged(ext[key])
+
+
+def read_sharded_loop_state(path) -> Tuple[dict, Checkpoint]:
+    """The loop state of the sharded checkpoint in directory ``path``, without its tensors, and its DCP metadata.
+
+    Reads the metadata (checked as ``tensorlist.dcp_read`` checks it), the
+    ``loop`` entry and every rank's ``rng.<rank>`` entry; the tensors stay in
+    their shards (``{"dcp": key}`` references in the document). The ranks'
+    generator states come back as ``doc["tensorlist"]["rngByRank"]``:
+    ``{rank: state}``.
+
+    Raises:
+        FileNotFoundError: no committed checkpoint in ``path``.
+        FormatError: the metadata, a shard or a JSON entry breaks a rule.
+        ValueError: not a loop checkpoint.
+    """
+    path = os.fspath(path)
+    ckpt = read_metadata(path)
+    loop_key = SHARDED_KEYS["loop"]
+    if (loop_key, None) not in ckpt.storage:
+        raise ValueError(f"{path}: a DCP checkpoint without a {loop_key!r} entry is not a loop checkpoint")
+    with Shards(path, mmap=False) as shards:
+        doc = _text_entry(ckpt, shards, loop_key)
+        _check_type(doc, path)
+        ranks = sorted(int(k.split(".", 1)[1]) for k in ckpt.bytes_keys
+                       if k.startswith("rng.") and k.split(".", 1)[1].isdigit())
+        rng = {r: _text_entry(ckpt, shards, rng_key(r)) for r in ranks}
+    _untag_extension(doc)
+    if isinstance(doc.get("tensorlist"), dict):
+        doc["tensorlist"]["rngByRank"] = rng
+    return doc, ckpt
+
+
+def _read_sharded(path: str) -> dict:
+    """A sharded checkpoint read whole: its loop state with each reference replaced by the arrays it names."""
+    doc, _ = read_sharded_loop_state(path)
+    values = read_full(path)
+    parts: Dict[str, Dict[str, Any]] = {}
+    for key in SHARDED_KEYS.values():
+        prefix = key + "."
+        parts[key] = {k[len(prefix):]: v for k, v in values.items() if k.startswith(prefix)}
+
+    def fill(obj):
+        if _is_ref(obj):
+            return parts.get(obj["dcp"], {})
+        if isinstance(obj, dict):
+            return {k: fill(v) for k, v in obj.items()}
+        if isinstance(obj, list):
+            return [fill(v) for v in obj]
+        return obj
+
+    ext = doc.pop("tensorlist", None)
+    doc = fill(doc)
+    if ext is not None:
+        doc["tensorlist"] = ext
     return doc
 
 

@@ -23,10 +23,14 @@ from .batches import supervised_step
 from .schedules import CyclicSWA, Decrement, Noop
 from .state import Events
 
-__all__ = ["LoopConfig", "shared_docs", "ARGS_DOC", "RETURNS_DOC"]
+__all__ = ["LoopConfig", "shared_docs", "ARGS_DOC", "RETURNS_DOC", "CHECKPOINT_FORMATS"]
 
 #: The loops, by the name of their public function.
 LOOPS = ("epochs", "swa_epochs", "with_swa")
+
+#: ``checkpoint_format`` values and the default checkpoint name in ``out_dir`` for each:
+#: one document written by rank 0, or a DCP directory every rank writes its shards into.
+CHECKPOINT_FORMATS = {"document": "checkpoint.json", "sharded": "checkpoint.dcp"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +42,9 @@ class LoopConfig:
         step: the step (``supervised_step(loss_fn)`` when none was given).
         max_epochs: the first phase's epoch limit (``with_swa``: ``warmup_epochs``).
         swa_epochs: ``with_swa``'s SWA epochs, else None.
-        checkpoint: the checkpoint path (``out_dir/checkpoint.json`` by default), or None.
+        checkpoint: the checkpoint path (``out_dir/checkpoint.json``, or
+            ``out_dir/checkpoint.dcp`` when sharded, by default), or None.
+        checkpoint_format: ``"document"`` or ``"sharded"`` (see :data:`ARGS_DOC`).
         min_epochs: ``return_min_validation_loss_model`` as True or a frozenset of epochs.
         schedule: the first phase's factor schedule (``swa_epochs``: its SWA
             schedule), the one the training record names.
@@ -60,6 +66,7 @@ class LoopConfig:
     training_callback: Optional[Callable]
     validation_callback: Optional[Callable]
     checkpoint: Any
+    checkpoint_format: str
     out_dir: Any
     resume: Any
     validation_frequency: int
@@ -136,8 +143,12 @@ class LoopConfig:
         dataset_params = a["dataset_params"] if a["dataset_params"] is not None else {"name": None}
         validate_dataset_params(dataset_params, field_prefix="dataset_params")
         checkpoint, out_dir = a["checkpoint"], a["out_dir"]
+        checkpoint_format = a.get("checkpoint_format", "document")
+        if checkpoint_format not in CHECKPOINT_FORMATS:
+            raise ValueError(f"checkpoint_format must be one of {sorted(CHECKPOINT_FORMATS)}, got "
+                             f"{checkpoint_format!r}")
         if out_dir is not None and checkpoint is None:
-            checkpoint = os.path.join(out_dir, "checkpoint.json")
+            checkpoint = os.path.join(out_dir, CHECKPOINT_FORMATS[checkpoint_format])
         solver_params = dict(a["solver_params"] or {})
         solver_params.update({
             "max_epochs": int(max_epochs), "validation_frequency": int(a["validation_frequency"]),
@@ -151,7 +162,7 @@ class LoopConfig:
             loop=loop, model=a["model"], optimizer=a["optimizer"], train=a["train"], step=step,
             max_epochs=int(max_epochs), swa_epochs=swa_epochs, validation=a["validation"],
             training_callback=a["training_callback"], validation_callback=a["validation_callback"],
-            checkpoint=checkpoint, out_dir=out_dir, resume=a["resume"],
+            checkpoint=checkpoint, checkpoint_format=checkpoint_format, out_dir=out_dir, resume=a["resume"],
             validation_frequency=int(a["validation_frequency"]), min_epochs=min_epochs, schedule=schedule,
             swa_schedule=swa_schedule, lr_scheduler=a["lr_scheduler"],
             accumulate_gradient_over_n_batches=int(a["accumulate_gradient_over_n_batches"]),
@@ -177,11 +188,19 @@ ARGS_DOC = """
         validation: validation batches (same forms as ``train``), or None.
         training_callback, validation_callback: ``f(epoch, loss, model)``,
             once per epoch / per validation (validation: the smoothed loss).
-        checkpoint: the checkpoint path (default ``out_dir/checkpoint.json``).
+        checkpoint: the checkpoint path (default ``out_dir/checkpoint.json``;
+            sharded: the directory ``out_dir/checkpoint.dcp``).
+        checkpoint_format: ``"document"`` (default): one tensorlist document
+            written by rank 0 after every epoch; ``"sharded"``: a
+            torch.distributed.checkpoint directory (``tensorlist.dcp``) that
+            every rank writes its own shards into, with the loop state as
+            JSON, resumable on another number of processes and for FSDP2 /
+            DTensor models (docs/LOOPS.md, "Sharded checkpoints").
         out_dir: where model files go (``final.json``,
             ``best_validation.json``); None: no model files.
         resume: True: continue from ``checkpoint`` if it exists; a path:
-            continue from that checkpoint; None/False: start afresh.
+            continue from that checkpoint (a document file or a sharded
+            directory, whichever ``checkpoint_format``); None/False: start afresh.
         validation_frequency: validate when ``epoch % validation_frequency == 0``.
         learning_rate_schedule: a schedule from ``tensorlist.loops.schedules``
             (factor per epoch; a factor <= 0 stops). Default: factor 1.

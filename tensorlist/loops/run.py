@@ -8,10 +8,12 @@ and validating one epoch (:meth:`Run.train_at`, :meth:`Run.validate_epoch`),
 the epoch tail (:meth:`Run.end_epoch`: learning curve, training record, torch
 LR scheduler, log line, counters, events, checkpoint), checkpoints and model
 files, and resuming from a checkpoint (:meth:`Run.restore`), one way for all
-three loops.
+three loops and both checkpoint formats (a document from rank 0, or a sharded
+DCP directory every rank writes: ``loops.sharded``, imported only then).
 
 Imports torch, ``record``, ``torch`` (the adapters), ``_torch_bridge`` and
-``loops.batches``, ``loops.checkpoint``, ``loops.config``, ``loops.state``.
+``loops.batches``, ``loops.checkpoint``, ``loops.config``, ``loops.state``
+(and ``loops.sharded`` when a run uses sharded checkpoints).
 """
 from __future__ import annotations
 
@@ -31,8 +33,9 @@ from .._torch_bridge import from_numpy, state_to_numpy
 from ..record import TrainingRecorder, save_model_file, weights_sha256
 from ..torch import check_optimizer_state, match_state, module_state, optimizer_state_from_parts, optimizer_state_parts
 from .batches import TrainingLoopContext, batch_stream, is_empty, stream_settings
-from .checkpoint import (CHECKPOINT_TYPES, LOOP_STATE_FORMAT, empty_simple, extension, loop_document, phase_document,
-                         phase_parts, read_checkpoint, state_from_phase, write_checkpoint)
+from .checkpoint import (CHECKPOINT_TYPES, LOOP_STATE_FORMAT, dcp_ref, empty_simple, extension,
+                         is_sharded_checkpoint, loop_document, phase_document, phase_parts, read_checkpoint,
+                         read_sharded_loop_state, sharded_checkpoint_exists, state_from_phase, write_checkpoint)
 from .config import LoopConfig
 from .state import Events, State, seed_rngs, set_rng_state
 
@@ -50,6 +53,11 @@ def _process_group() -> Tuple[bool, int]:
     if dist.is_available() and dist.is_initialized():
         return True, dist.get_rank()
     return False, 0
+
+
+def _is_dtensor(t) -> bool:
+    """A DTensor (FSDP2's parameters), told by its method: torch.distributed.tensor is not imported for it."""
+    return callable(getattr(t, "full_tensor", None))
 
 
 def _check_model(module: torch.nn.Module, arrays: Mapping[str, np.ndarray], where: str) -> None:
@@ -82,6 +90,7 @@ class Run:
         self.swa: Optional[State] = None
         self.min_model: Optional[Dict[str, torch.Tensor]] = None
         self.averaged: Optional[AveragedModel] = None
+        self._store = None  # the sharded checkpoint's writer (loops.sharded), made at the first save
         validation = None
         if cfg.validation is not None:
             validation = {"loader": stream_settings(cfg.validation), "every": cfg.validation_frequency}
@@ -122,25 +131,16 @@ class Run:
         if resume is True:
             if checkpoint is None:
                 raise ValueError("resume=True needs checkpoint= (or out_dir=)")
+            if is_sharded_checkpoint(checkpoint):  # a directory: resumable once a save has committed
+                return os.fspath(checkpoint) if sharded_checkpoint_exists(checkpoint) else None
             return os.fspath(checkpoint) if os.path.exists(checkpoint) else None
         if not os.path.exists(resume):
             raise FileNotFoundError(f"checkpoint to resume from {os.fspath(resume)!r} does not exist")
         return os.fspath(resume)
 
-    def restore(self, path: str) -> None:
-        """Resumes from the checkpoint at ``path``: every check first, then model, optimizer, states, RNGs.
-
-        Sets the state of the phase the checkpoint is in (and, in SWA, the
-        warm-up's), the min-validation snapshot and the SWA average
-        (``self.averaged``, made here after the weights are loaded unless the
-        loop made it already).
-
-        Raises:
-            ValueError: a checkpoint of another loop, model, optimizer or
-                parameter groups, or without the loops' extension.
-        """
+    def _check_loop_state(self, doc: Mapping, path: str):
+        """The checks of a checkpoint's loop state (either format); returns (extension, kind, phase, simple part)."""
         cfg = self.cfg
-        doc = read_checkpoint(path)
         wanted = CHECKPOINT_TYPES[cfg.loop]
         if doc["type"] != wanted:
             hint = "; use with_swa() or swa_epochs()" if cfg.loop == "epochs" else ""
@@ -158,37 +158,71 @@ class Run:
             raise ValueError(f"{path}: the checkpoint has no LR scheduler state, but an lr_scheduler was given")
         simple_doc, swa_doc = phase_parts(doc)
         kind = "swa" if swa_doc is not None else "simple"
-        phase = swa_doc if swa_doc is not None else simple_doc
-        _check_model(self.module, phase["model"], path)
-        opt_meta = phase.get("optimizerMetadata")
-        if opt_meta is None:
-            raise ValueError(f"{path}: the checkpoint's optimizer list has no metadata (not written by "
-                             "tensorlist.loops)")
-        opt_sd = optimizer_state_from_parts({k: from_numpy(np.asarray(a)) for k, a in phase["optimizer"].items()},
-                                            opt_meta)
-        check_optimizer_state(cfg.optimizer, opt_sd, where=path)
-        state = state_from_phase(phase, kind)
-        averaged = phase.get("averagedModels") if kind == "swa" else None
-        if kind == "swa" and state.number_of_averaged_models > 0:
-            if averaged is None:
-                raise ValueError(f"{path}: numberOfAveragedModels > 0 but no averagedModels")
-            _check_model(self.module, averaged, path + " (averagedModels)")
+        return ext, kind, (swa_doc if swa_doc is not None else simple_doc), simple_doc
 
+    def restore(self, path: str) -> None:
+        """Resumes from the checkpoint at ``path``: every check first, then model, optimizer, states, RNGs.
+
+        ``path`` is a checkpoint document, or a sharded checkpoint's directory
+        (then every rank calls this: the loads are collective, and DCP
+        reshards to the processes and the model's layout now). Sets the state
+        of the phase the checkpoint is in (and, in SWA, the warm-up's), the
+        min-validation snapshot and the SWA average (``self.averaged``, made
+        here after the weights are loaded unless the loop made it already).
+
+        Raises:
+            ValueError: a checkpoint of another loop, model, optimizer or
+                parameter groups, or without the loops' extension.
+        """
+        cfg = self.cfg
+        store = None
+        if is_sharded_checkpoint(path):
+            from .sharded import ShardedCheckpoint  # torch.distributed.checkpoint: only for sharded runs
+
+            doc, meta = read_sharded_loop_state(path)
+            store = ShardedCheckpoint(path)
+        else:
+            doc = read_checkpoint(path)
+        ext, kind, phase, simple_doc = self._check_loop_state(doc, path)
+        state = state_from_phase(phase, kind)
+        has_min = kind == "simple" and phase.get("minValidationLossModel") is not None
+        has_avg = kind == "swa" and state.number_of_averaged_models > 0
+        if has_avg and phase.get("averagedModels") is None:
+            raise ValueError(f"{path}: numberOfAveragedModels > 0 but no averagedModels")
+        if store is not None:
+            store.check(meta, self.module, cfg.optimizer, min_model=has_min, averaged=has_avg)
+        else:
+            _check_model(self.module, phase["model"], path)
+            opt_meta = phase.get("optimizerMetadata")
+            if opt_meta is None:
+                raise ValueError(f"{path}: the checkpoint's optimizer list has no metadata (not written by "
+                                 "tensorlist.loops)")
+            opt_sd = optimizer_state_from_parts(
+                {k: from_numpy(np.asarray(a)) for k, a in phase["optimizer"].items()}, opt_meta)
+            check_optimizer_state(cfg.optimizer, opt_sd, where=path)
+            if has_avg:
+                _check_model(self.module, phase["averagedModels"], path + " (averagedModels)")
+
+        # every check passed: from here on the run takes the checkpoint's state
         if "training" in doc:
             self.recorder.resume(doc["training"])  # first: it reads (and checks) the training record
         self.base_lrs = list(ext["baseLearningRates"])
         if cfg.lr_scheduler is not None:
             cfg.lr_scheduler.load_state_dict(ext["lrScheduler"])
-        _load_model(self.module, phase["model"])
-        cfg.optimizer.load_state_dict(opt_sd)
+        if store is not None:
+            min_model = store.load(self.module, cfg.optimizer, min_model=has_min)
+        else:
+            _load_model(self.module, phase["model"])
+            cfg.optimizer.load_state_dict(opt_sd)
+            min_model = ({k: from_numpy(np.array(a)) for k, a in phase["minValidationLossModel"][1].items()}
+                         if has_min else None)
         state.max_epochs = cfg.epochs_of(kind)
         state.iteration = int(ext.get("iteration", 0))
         if kind == "simple":
             state.schedule_state = ext.get("scheduleState")
             self.simple = state
-            mvm = phase.get("minValidationLossModel")
-            if mvm is not None:
-                self.min_model = {k: from_numpy(np.array(a)) for k, a in mvm[1].items()}
+            if min_model is not None:
+                self.min_model = min_model
         else:
             state.schedule_state = ext.get("swaScheduleState")
             self.swa = state
@@ -197,10 +231,18 @@ class Run:
                 self.simple.schedule_state = ext.get("scheduleState")
             if self.averaged is None:
                 self.averaged = AveragedModel(self.module)
-            if state.number_of_averaged_models > 0:
-                _load_model(self.averaged.module, averaged)
+            if has_avg:
+                if store is not None:
+                    store.load_averaged(self.averaged.module)
+                else:
+                    _load_model(self.averaged.module, phase["averagedModels"])
             self.averaged.n_averaged.fill_(state.number_of_averaged_models)
-        set_rng_state(ext["rngTensors"], ext["rng"])
+        if store is not None:
+            from .sharded import restore_rng
+
+            restore_rng(ext["rngByRank"])
+        else:
+            set_rng_state(ext["rngTensors"], ext["rng"])
         log.info("resumed from %s after %d epochs", path, state.epoch)
 
     # --- events and learning rate -------------------------------------------------
@@ -334,53 +376,103 @@ class Run:
             self.fire(Events.CHECKPOINT_SAVED, state)
 
     # --- checkpoints and model files --------------------------------------------------
-    def record_meta(self, kind: str, weights: Mapping[str, np.ndarray], epoch: Optional[int] = None,
+    def record_meta(self, kind: str, weights: Optional[Mapping[str, np.ndarray]], epoch: Optional[int] = None,
                     value: Optional[float] = None) -> dict:
+        """The training and data records of weights of ``kind``; ``weights`` None: no hash (``sha256`` null)."""
         rec = self.recorder.record("checkpoint" if kind == "checkpoint" else kind, epoch=epoch)
         if value is not None:
             rec["weights"]["validation"] = value
-        rec["weights"]["sha256"] = weights_sha256(weights)
+        if weights is not None:
+            rec["weights"]["sha256"] = weights_sha256(weights)
         return {"training": rec, "dataset_params": copy.deepcopy(dict(self.cfg.dataset_params))}
 
-    def checkpoint_document(self) -> dict:
-        """The checkpoint of the run as it stands: the active phase in full (the SWA phase once it began)."""
-        weights = state_to_numpy(module_state(self.module))
+    def checkpoint_document(self, *, sharded: bool = False) -> dict:
+        """The checkpoint of the run as it stands: the active phase in full (the SWA phase once it began).
+
+        ``sharded``: the loop state of a sharded checkpoint instead: the same
+        document with ``dcp_ref`` references in place of the tensors (saved
+        beside it by every rank), no RNG states (each rank saves its own), and
+        a training record without the weights hash (the shards have CRCs; the
+        model files have the hash).
+        """
+        if sharded:
+            weights = None
+            parts = dict(model=dcp_ref("model"), model_meta=None, optimizer=dcp_ref("optimizer"),
+                         optimizer_meta=None)
+            min_model = None if self.min_model is None else dcp_ref("min_model")
+            averaged = dcp_ref("averaged")
+        else:
+            weights = state_to_numpy(module_state(self.module))
+            opt_tensors, opt_meta = optimizer_state_parts(self.cfg.optimizer.state_dict())
+            parts = dict(model=weights, optimizer=state_to_numpy(opt_tensors), optimizer_meta=opt_meta)
+            min_model = None if self.min_model is None else state_to_numpy(self.min_model)
+            averaged = None
         record = self.record_meta("checkpoint", weights)
-        opt_tensors, opt_meta = optimizer_state_parts(self.cfg.optimizer.state_dict())
-        parts = dict(model=weights, model_meta=record, optimizer=state_to_numpy(opt_tensors), optimizer_meta=opt_meta)
+        if not sharded:
+            parts["model_meta"] = record
         active = self.swa if self.swa is not None else self.simple
         if self.swa is not None:
-            averaged = None
-            if self.swa.number_of_averaged_models > 0:
+            if self.swa.number_of_averaged_models == 0:
+                averaged = None
+            elif not sharded:
                 averaged = state_to_numpy(module_state(self.averaged.module))
             swa = phase_document("swa", state=self.swa, averaged=averaged, **parts)
-            simple = empty_simple(self.simple) if self.simple is not None else None
+            simple = empty_simple(self.simple, sharded=sharded) if self.simple is not None else None
         else:
             swa = None
-            simple = phase_document("simple", state=self.simple, **parts,
-                                    min_model=None if self.min_model is None else state_to_numpy(self.min_model))
+            simple = phase_document("simple", state=self.simple, min_model=min_model, **parts)
         sch = self.cfg.lr_scheduler
         ext = extension(phase=active.phase, state=active, base_lrs=self.base_lrs,
                         lr_scheduler_state=None if sch is None else sch.state_dict(),
                         simple_schedule_state=None if self.simple is None else self.simple.schedule_state,
-                        swa_schedule_state=None if self.swa is None else self.swa.schedule_state)
+                        swa_schedule_state=None if self.swa is None else self.swa.schedule_state,
+                        world_size=self.world_size() if sharded else None)
         return loop_document(CHECKPOINT_TYPES[self.cfg.loop], simple=simple, swa=swa, ext=ext, record=record)
 
+    def world_size(self) -> int:
+        return dist.get_world_size() if self.distributed else 1
+
     def write_checkpoint(self) -> None:
-        """Rank 0 writes the checkpoint (atomically); every rank waits for it."""
+        """Writes the checkpoint: rank 0 the document (every rank waits for it), or every rank its shards."""
         if self.cfg.checkpoint is None:
             return
+        path = os.fspath(self.cfg.checkpoint)
+        if self.cfg.checkpoint_format == "sharded":
+            if self._store is None:
+                from .sharded import ShardedCheckpoint  # torch.distributed.checkpoint: only for sharded runs
+
+                self._store = ShardedCheckpoint(path)
+            swa_n = self.swa.number_of_averaged_models if self.swa is not None else 0
+            self._store.save(module=self.module, optimizer=self.cfg.optimizer,
+                             loop_state=self.checkpoint_document(sharded=True) if self.rank == 0 else None,
+                             min_model=self.min_model if self.swa is None else None,
+                             averaged=self.averaged.module if swa_n > 0 else None)
+        else:
+            if self.rank == 0:
+                write_checkpoint(path, self.checkpoint_document())
+            if self.distributed:
+                dist.barrier()
         if self.rank == 0:
-            write_checkpoint(self.cfg.checkpoint, self.checkpoint_document())
-            self.files["checkpoint"] = os.fspath(self.cfg.checkpoint)
-            log.debug("checkpoint written: %s", self.cfg.checkpoint)
-        if self.distributed:
-            dist.barrier()
+            self.files["checkpoint"] = path
+        log.debug("checkpoint written: %s", path)
+
+    def finish_checkpoints(self) -> None:
+        """Waits until the files of replaced sharded checkpoints are deleted (the loops call it at the end)."""
+        if self._store is not None:
+            self._store.wait()
 
     def save_model(self, name: str, kind: str, weights: Mapping[str, torch.Tensor], epoch: int,
                    value: Optional[float] = None) -> None:
-        """Rank 0 writes the model file ``out_dir/name`` (nothing without ``out_dir``)."""
-        if self.cfg.out_dir is None or self.rank != 0:
+        """Rank 0 writes the model file ``out_dir/name`` (nothing without ``out_dir``).
+
+        Every rank calls it: DTensor weights (FSDP2) are gathered whole first,
+        which takes every rank.
+        """
+        if self.cfg.out_dir is None:
+            return
+        if any(_is_dtensor(v) for v in weights.values()):
+            weights = {k: v.full_tensor() if _is_dtensor(v) else v for k, v in weights.items()}
+        if self.rank != 0:
             return
         path = os.path.join(self.cfg.out_dir, name)
         rec = self.recorder.record(kind, epoch=epoch)

@@ -9,7 +9,9 @@ training record counts the same epochs from 1 (``epochs.done``).
 
 :func:`rng_state` and :func:`set_rng_state` capture and restore the global
 generators of torch, numpy and ``random`` (a checkpoint stores them, so that a
-resumed run draws the same numbers); :func:`seed_rngs` seeds them for a fresh
+resumed run draws the same numbers); :func:`rng_state_json` and
+:func:`set_rng_state_json` do the same with one plain JSON value (what each
+rank stores in a sharded checkpoint); :func:`seed_rngs` seeds them for a fresh
 run. How a State becomes a checkpoint document is ``loops.checkpoint``.
 
 Imports numpy, torch and ``_torch_bridge`` only (no other module of ``loops``).
@@ -26,7 +28,7 @@ import torch
 
 from .._torch_bridge import from_numpy, to_numpy
 
-__all__ = ["Events", "State", "rng_state", "set_rng_state", "seed_rngs"]
+__all__ = ["Events", "State", "rng_state", "set_rng_state", "rng_state_json", "set_rng_state_json", "seed_rngs"]
 
 
 class Events(enum.Enum):
@@ -123,6 +125,25 @@ def set_rng_state(tensors: Mapping[str, np.ndarray], meta: Mapping) -> None:
     np.random.set_state((kind, np.array(tensors["numpy"], dtype=np.uint32), pos, has_gauss, cached))
     version, internal, gauss = meta["random"]
     random.setstate((version, tuple(internal), gauss))
+
+
+def rng_state_json() -> dict:
+    """:func:`rng_state` as one JSON value: ``{"tensors": {name: [ints]}, "meta": {...}}``.
+
+    Example:
+        >>> state = rng_state_json()
+        >>> drawn = (random.random(), float(np.random.rand()), float(torch.rand(1)))
+        >>> set_rng_state_json(state)
+        >>> (random.random(), float(np.random.rand()), float(torch.rand(1))) == drawn
+        True
+    """
+    tensors, meta = rng_state()
+    return {"tensors": {k: np.asarray(v).tolist() for k, v in tensors.items()}, "meta": meta}
+
+
+def set_rng_state_json(value: Mapping) -> None:
+    """Restores what :func:`rng_state_json` returned (the JSON lists as the arrays they were)."""
+    set_rng_state({k: np.asarray(v) for k, v in value["tensors"].items()}, value["meta"])
 
 
 def seed_rngs(seed: Optional[int]) -> None:

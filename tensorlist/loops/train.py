@@ -154,8 +154,8 @@ def _start_swa(run: Run) -> None:
 def epochs(model: torch.nn.Module, optimizer: torch.optim.Optimizer, train, *, max_epochs: int,
            step: Optional[Callable] = None, loss_fn: Optional[Callable] = None, validation=None,
            training_callback: Optional[Callable] = None, validation_callback: Optional[Callable] = None,
-           checkpoint=None, out_dir=None, resume=None, validation_frequency: int = 1,
-           return_min_validation_loss_model: Union[Sequence[int], bool] = (),
+           checkpoint=None, out_dir=None, resume=None, checkpoint_format: str = "document",
+           validation_frequency: int = 1, return_min_validation_loss_model: Union[Sequence[int], bool] = (),
            learning_rate_schedule=None, lr_scheduler=None, accumulate_gradient_over_n_batches: int = 1,
            validation_loss_exponential_smoothing_factor: float = 1.0, handlers: Optional[Mapping] = None,
            progress: Optional[bool] = None, dataset_params: Optional[Mapping] = None, seed: Optional[int] = None,
@@ -180,6 +180,7 @@ def epochs(model: torch.nn.Module, optimizer: torch.optim.Optimizer, train, *, m
     epoch = _run_simple(run)
     run.save_best()
     run.save_final(min(max(epoch + 1, 0), run.recorder.epochs_done))
+    run.finish_checkpoints()
     state = run.simple
     run.fire(Events.COMPLETED, state)
     return LoopResult(epoch, run.cfg.model, list(state.learning_curve), state.schedule_state, state, run.files)
@@ -188,7 +189,7 @@ def epochs(model: torch.nn.Module, optimizer: torch.optim.Optimizer, train, *, m
 @shared_docs
 def swa_epochs(model, optimizer, train, *, max_epochs: int, swa_schedule=None, step=None, loss_fn=None,
                validation=None, training_callback=None, validation_callback=None, checkpoint=None, out_dir=None,
-               resume=None, validation_frequency: int = 1, lr_scheduler=None,
+               resume=None, checkpoint_format: str = "document", validation_frequency: int = 1, lr_scheduler=None,
                accumulate_gradient_over_n_batches: int = 1, forward_pass_after_training: bool = True,
                handlers=None, progress=None, dataset_params=None, seed=None, initial_weights=None,
                solver_params=None, device=None) -> LoopResult:
@@ -210,6 +211,7 @@ def swa_epochs(model, optimizer, train, *, max_epochs: int, swa_schedule=None, s
     run.start()
     _run_swa(run)
     run.save_final()
+    run.finish_checkpoints()
     state = run.swa
     run.fire(Events.COMPLETED, state)
     return LoopResult(state.epoch - 1, run.cfg.model, list(state.learning_curve), state.schedule_state, state,
@@ -219,8 +221,8 @@ def swa_epochs(model, optimizer, train, *, max_epochs: int, swa_schedule=None, s
 @shared_docs
 def with_swa(model, optimizer, train, *, warmup_epochs: int, swa_epochs: int, step=None, loss_fn=None,
              validation=None, training_callback=None, validation_callback=None, checkpoint=None, out_dir=None,
-             resume=None, return_min_validation_loss_model: Union[Sequence[int], bool] = (),
-             learning_rate_schedule=None, swa_schedule=None, lr_scheduler=None,
+             resume=None, checkpoint_format: str = "document",
+             return_min_validation_loss_model: Union[Sequence[int], bool] = (), learning_rate_schedule=None, swa_schedule=None, lr_scheduler=None,
              accumulate_gradient_over_n_batches: int = 1, forward_pass_after_training: bool = True,
              validation_loss_exponential_smoothing_factor: float = 1.0, handlers=None, progress=None,
              dataset_params=None, seed=None, initial_weights=None, solver_params=None, device=None) -> LoopResult:
@@ -249,6 +251,7 @@ def with_swa(model, optimizer, train, *, warmup_epochs: int, swa_epochs: int, st
         warm_epoch = simple.min_validation_epoch if simple.min_validation_epoch is not None else simple.epoch - 1
     _run_swa(run)
     run.save_final()
+    run.finish_checkpoints()
     swa = run.swa
     shift = (max(e for e, *_ in simple.learning_curve) + 1) if simple.learning_curve else 0
     curve = list(simple.learning_curve) + [(e + shift, t, v, v) for e, t, v in swa.learning_curve]
