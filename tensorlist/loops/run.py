@@ -60,6 +60,15 @@ def _is_dtensor(t) -> bool:
     return callable(getattr(t, "full_tensor", None))
 
 
+class _WholeWeights(dict):
+    """What the training recorder reads of a module with DTensor state: the whole weights, gathered from
+    every rank (collective), and the module's parameter names."""
+
+    def __init__(self, module: torch.nn.Module):
+        super().__init__((k, v.full_tensor() if _is_dtensor(v) else v) for k, v in module_state(module).items())
+        self.named_parameters = module.named_parameters
+
+
 def _check_model(module: torch.nn.Module, arrays: Mapping[str, np.ndarray], where: str) -> None:
     """Refuses a checkpoint's weights that are not ``module``'s (names and shapes, both ways)."""
     m = match_state(module.state_dict(), arrays)
@@ -95,8 +104,14 @@ class Run:
         if cfg.validation is not None:
             validation = {"loader": stream_settings(cfg.validation), "every": cfg.validation_frequency}
         sched = cfg.lr_scheduler if cfg.lr_scheduler is not None else cfg.schedule
+        recorded = self.module
+        if any(_is_dtensor(v) for v in self.module.state_dict().values()):  # FSDP2
+            if cfg.checkpoint is not None and cfg.checkpoint_format != "sharded":
+                raise ValueError("the model's state is sharded (DTensors, e.g. FSDP2): pass checkpoint_format="
+                                 "'sharded' (a checkpoint document holds whole tensors only)")
+            recorded = _WholeWeights(self.module)
         self.recorder = TrainingRecorder(
-            self.module, cfg.optimizer, loss=getattr(cfg.step, "loss_fn", None),
+            recorded, cfg.optimizer, loss=getattr(cfg.step, "loss_fn", None),
             train_loader=stream_settings(cfg.train), epochs=cfg.epochs_asked, scheduler=sched, scheduler_step="epoch", seed=cfg.seed,
             initial_weights=cfg.initial_weights, validation=validation, solver=cfg.solver,
             solver_params=dict(cfg.solver_params),

@@ -1,0 +1,203 @@
+"""Runs of the loops with sharded checkpoints on gloo process groups, for tests/test_loops_sharded.py.
+
+usage: python _sharded_script.py PLAN.json RESULT.json
+
+PLAN: ``{"steps": [{"name", "world", "runs": [run, ...]} or {"copy": [src, dst]}, ...]}``, in order.
+This process imports torch once, then for each launch of the plan forks ``world`` processes, one per rank
+(a fork starts in milliseconds where a new interpreter needs seconds to import torch: the tests launch a
+dozen process groups). Each rank joins a gloo group over 127.0.0.1 (none when ``world`` is 1), does the
+launch's runs in order, and exits. A rank may SIGKILL itself (``kill_at``: after that many training
+batches; ``kill_in_save``: rank ``world - 1`` inside its N-th DCP ``write_data``, after writing its shard,
+before the save commits); once a rank is dead by SIGKILL this process SIGKILLs the others, as a scheduler
+stops a job. RESULT.json gets, per launch name, each rank's exit status (negative: the signal) and the end of
+the log of each rank that failed.
+
+A run: ``{"out", "mode": simple | swa | simple_then_swa, "epochs", "data": split | full, "resume",
+"kill_at", "kill_in_save", "fsdp", "no_bn"}`` (``fsdp``: the model sharded with FSDP2 instead of DDP;
+``no_bn``: FSDP2's model, without batch norm, unsharded). ``split``: each rank trains on its part of the data
+(DistributedSampler); ``full``: every rank trains on all of it, which makes the computation independent
+of the number of ranks (DDP averages equal gradients).
+"""
+import json
+import os
+import shutil
+import signal
+import socket
+import sys
+import time
+import traceback
+import warnings
+
+import torch
+
+torch.set_num_threads(1)
+
+import torch.distributed as dist  # noqa: E402
+
+import tensorlist.dcp  # noqa: E402
+import tensorlist.loops as loops  # noqa: E402
+import tensorlist.loops.sharded  # noqa: E402,F401  (imported before the fork, as everything the ranks use)
+
+LAUNCH_TIMEOUT = 150
+
+
+def data(n=96, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 6, generator=g)
+    return x, (x[:, :3].sum(1) > 0).long()
+
+
+def build(fsdp=False):
+    torch.manual_seed(1)
+    if fsdp:  # no batch norm: FSDP2 shards parameters, the test compares them
+        return torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Dropout(0.2),
+                                   torch.nn.Linear(16, 2))
+    return torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(),
+                               torch.nn.Dropout(0.2), torch.nn.Linear(16, 2))
+
+
+def one_run(run, rank, world):
+    model = build(run.get("fsdp", False) or run.get("no_bn", False))
+    if run.get("fsdp"):
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+        mesh = init_device_mesh("cpu", (world,))
+        for m in model:
+            if isinstance(m, torch.nn.Linear):
+                fully_shard(m, mesh=mesh)
+        wrapped = fully_shard(model, mesh=mesh)
+    elif world > 1:
+        wrapped = torch.nn.parallel.DistributedDataParallel(model)
+    else:
+        wrapped = model
+    opt = torch.optim.Adam(wrapped.parameters(), lr=0.02)
+    x, y = data()
+    vx, vy = data(48, seed=5)
+    ds = torch.utils.data.TensorDataset(x, y)
+    if run["data"] == "split":
+        sampler = torch.utils.data.distributed.DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=True,
+                                                                  seed=0)
+        train = torch.utils.data.DataLoader(ds, batch_size=16 // world, sampler=sampler)
+    else:
+        train = torch.utils.data.DataLoader(ds, batch_size=16, shuffle=True)
+    handlers = {}
+    if run.get("kill_at") is not None:
+        calls = [0]
+
+        def kill(state):  # counts batches over both phases of with_swa
+            calls[0] += 1
+            if calls[0] == run["kill_at"]:
+                os.kill(os.getpid(), signal.SIGKILL)
+        handlers[loops.Events.ITERATION_COMPLETED] = kill
+    if run.get("kill_in_save") is not None and rank == world - 1:
+        saves = [0]
+        write_data = tensorlist.dcp.TensorListWriter.write_data
+
+        def dying_write_data(self, plan, planner):
+            fut = write_data(self, plan, planner)
+            saves[0] += 1
+            if saves[0] == run["kill_in_save"]:
+                os.kill(os.getpid(), signal.SIGKILL)  # its shard is written; the save has not committed
+            return fut
+        tensorlist.dcp.TensorListWriter.write_data = dying_write_data
+    common = dict(loss_fn=torch.nn.functional.cross_entropy, validation=[(vx, vy)], out_dir=run["out"],
+                  resume=run.get("resume", False), handlers=handlers, progress=False,
+                  dataset_params={"name": "toy", "n": 96}, seed=1, checkpoint_format="sharded")
+    n, mode = run["epochs"], run["mode"]
+    if mode == "simple":
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+        loops.epochs(wrapped, opt, train, max_epochs=n, return_min_validation_loss_model=True, lr_scheduler=sched,
+                     validation_loss_exponential_smoothing_factor=0.7, accumulate_gradient_over_n_batches=2,
+                     **common)
+    elif mode == "swa":
+        loops.swa_epochs(wrapped, opt, train, max_epochs=n, swa_schedule=loops.CyclicSWA(0.1, 1.0, 2), **common)
+    else:
+        loops.with_swa(wrapped, opt, train, warmup_epochs=n // 2, swa_epochs=n - n // 2,
+                       learning_rate_schedule=loops.ReduceLROnPlateau(patience=1),
+                       swa_schedule=loops.ConstantSWA(0.5), return_min_validation_loss_model=True, **common)
+
+
+def rank_main(launch, rank, port):
+    world = launch["world"]
+    warnings.simplefilter("ignore")
+    if world > 1:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    for run in launch["runs"]:
+        one_run(run, rank, world)
+    if world > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_ranks(launch, logdir, index):
+    port = free_port()
+    pids = {}
+    for rank in range(launch["world"]):
+        log = os.path.join(logdir, f"launch{index}.rank{rank}.log")
+        pid = os.fork()
+        if pid == 0:  # the rank
+            code = 1
+            try:
+                fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                os.dup2(fd, 1)
+                os.dup2(fd, 2)
+                rank_main(launch, rank, port)
+                code = 0
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        pids[pid] = (rank, log)
+    status = {}
+    deadline = time.monotonic() + LAUNCH_TIMEOUT
+    while len(status) < len(pids):
+        pid, st = os.waitpid(-1, os.WNOHANG)
+        if pid == 0:
+            if time.monotonic() > deadline:
+                for p in pids:
+                    if pids[p][0] not in status:
+                        os.kill(p, signal.SIGKILL)
+                deadline = float("inf")
+            time.sleep(0.02)
+            continue
+        code = -os.WTERMSIG(st) if os.WIFSIGNALED(st) else os.WEXITSTATUS(st)
+        status[pids[pid][0]] = code
+        if code != 0:  # a rank died (killed on purpose, or failed): the others would wait for it
+            for p, (r, _) in pids.items():
+                if r not in status:
+                    try:
+                        os.kill(p, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+    logs = {}
+    for rank, log in pids.values():
+        if status[rank] not in (0, -signal.SIGKILL):
+            with open(log) as f:
+                logs[rank] = f.read()[-4000:]
+    return {"status": [status[r] for r in range(launch["world"])], "logs": logs}
+
+
+def main(plan_path, result_path):
+    with open(plan_path) as f:
+        plan = json.load(f)
+    logdir = os.path.dirname(os.path.abspath(result_path))
+    results = {}
+    for i, step in enumerate(plan["steps"]):
+        if "copy" in step:  # a snapshot of a run's directory, between launches
+            shutil.copytree(*step["copy"])
+        else:
+            results[step["name"]] = launch_ranks(step, logdir, i)
+    with open(result_path, "w") as f:
+        json.dump(results, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
