@@ -78,6 +78,7 @@ def _plan(root):
     copy("fsdp", "fsdp-on1")
     launch("resume-fsdp", 2, r("fsdp", "simple", fsdp=True, resume=True))
     launch("resume-fsdp-on1", 1, r("fsdp-on1", "simple", no_bn=True, resume=True))
+    launch("fsdp-swa", 2, r("fsdp-swa", "swa", fsdp=True))  # refused before the first epoch
     return {"steps": steps}
 
 
@@ -270,6 +271,17 @@ def test_fsdp2_model_killed_on_two_resumes_bit_identical_and_on_one_unsharded(ru
     assert doc["epoch"] == EPOCHS["simple"] and [e[0] for e in doc["learningCurve"]] == [3, 2, 1, 0]
     assert doc["learningCurve"][-2:] == loops.read_checkpoint(once / "checkpoint.dcp")["learningCurve"][-2:]
     assert verify_model_file(root / "fsdp-on1" / "final.json").epochs.done == EPOCHS["simple"]
+
+
+@pytest.mark.slow
+def test_the_swa_loops_refuse_an_fsdp2_model_before_training(runs):
+    root, results = runs
+    res = results["fsdp-swa"]
+    # each rank raises; the launcher stops a rank still running once the other has failed
+    assert 1 in res["status"] and set(res["status"]) <= {1, -signal.SIGKILL}, res
+    assert res["logs"] and all("swa_epochs() cannot average a model whose state is sharded" in log
+                               for log in res["logs"].values())
+    assert not os.path.exists(root / "fsdp-swa" / "checkpoint.dcp")
 
 
 # --- one process, no process group --------------------------------------------------------------------------

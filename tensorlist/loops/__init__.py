@@ -13,10 +13,12 @@
 The package, one concept per module (each may import only the ones listed before it):
 ``schedules`` (learning-rate and SWA schedules), ``state`` (State, Events,
 RNG states), ``batches`` (steps, batch streams, Minibatches), ``checkpoint``
-(the checkpoint document, written atomically, read once), ``config`` (the
-loops' shared parameters), ``run`` (an epoch, the epoch tail, resume, model
-files), ``train`` (the three loops); ``demo`` uses the facade. This facade
-re-exports the public names. See ``docs/LOOPS.md``.
+(the checkpoint document, written atomically, read once; reading a sharded
+checkpoint's loop state), ``config`` (the loops' shared parameters),
+``sharded`` (sharded checkpoints through torch.distributed.checkpoint, imported
+by ``run`` only for a run that uses them), ``run`` (an epoch, the epoch tail,
+resume, model files), ``train`` (the three loops); ``demo`` uses the facade.
+This facade re-exports the public names. See ``docs/LOOPS.md``.
 """
 from .schedules import ConstantSWA, CyclicSWA, Decrement, Noop, ReduceLROnPlateau
 from .checkpoint import LOOP_STATE_FORMAT, read_checkpoint

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .._datafile import open_consistently
 from .._jsonio import dumps, from_tagged, loads_strict, resolve_pointer, set_at_pointer, to_tagged
@@ -336,14 +336,15 @@ def _untag_extension(doc: Mapping) -> None:
                 ext[key] = from_tagged(ext[key])
 
 
-def read_sharded_loop_state(path) -> Tuple[dict, Checkpoint]:
+def read_sharded_loop_state(path, *, ranks: Optional[Sequence[int]] = None) -> Tuple[dict, Checkpoint]:
     """The loop state of the sharded checkpoint in directory ``path``, without its tensors, and its DCP metadata.
 
     Reads the metadata (checked as ``tensorlist.dcp_read`` checks it), the
-    ``loop`` entry and every rank's ``rng.<rank>`` entry; the tensors stay in
-    their shards (``{"dcp": key}`` references in the document). The ranks'
-    generator states come back as ``doc["tensorlist"]["rngByRank"]``:
-    ``{rank: state}``.
+    ``loop`` entry and the ``rng.<rank>`` entries of ``ranks`` (default:
+    every rank that saved one); the tensors stay in their shards (``{"dcp":
+    key}`` references in the document). The generator states come back as
+    ``doc["tensorlist"]["rngByRank"]``: ``{rank: state}``, for the ranks asked
+    that have one.
 
     Raises:
         FileNotFoundError: no committed checkpoint in ``path``.
@@ -358,9 +359,10 @@ def read_sharded_loop_state(path) -> Tuple[dict, Checkpoint]:
     with Shards(path, mmap=False) as shards:
         doc = _text_entry(ckpt, shards, loop_key)
         _check_type(doc, path)
-        ranks = sorted(int(k.split(".", 1)[1]) for k in ckpt.bytes_keys
+        saved = sorted(int(k.split(".", 1)[1]) for k in ckpt.bytes_keys
                        if k.startswith("rng.") and k.split(".", 1)[1].isdigit())
-        rng = {r: _text_entry(ckpt, shards, rng_key(r)) for r in ranks}
+        wanted = saved if ranks is None else sorted(set(ranks) & set(saved))
+        rng = {r: _text_entry(ckpt, shards, rng_key(r)) for r in wanted}
     _untag_extension(doc)
     if isinstance(doc.get("tensorlist"), dict):
         doc["tensorlist"]["rngByRank"] = rng

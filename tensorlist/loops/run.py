@@ -109,6 +109,9 @@ class Run:
             if cfg.checkpoint is not None and cfg.checkpoint_format != "sharded":
                 raise ValueError("the model's state is sharded (DTensors, e.g. FSDP2): pass checkpoint_format="
                                  "'sharded' (a checkpoint document holds whole tensors only)")
+            if cfg.loop != "epochs":
+                raise ValueError(f"{cfg.loop}() cannot average a model whose state is sharded (DTensors, e.g. "
+                                 "FSDP2): torch's AveragedModel deep-copies the module, which FSDP2 refuses")
             recorded = _WholeWeights(self.module)
         self.recorder = TrainingRecorder(
             recorded, cfg.optimizer, loss=getattr(cfg.step, "loss_fn", None),
@@ -194,7 +197,7 @@ class Run:
         if is_sharded_checkpoint(path):
             from .sharded import ShardedCheckpoint  # torch.distributed.checkpoint: only for sharded runs
 
-            doc, meta = read_sharded_loop_state(path)
+            doc, meta = read_sharded_loop_state(path, ranks=(self.rank, 0))
             store = ShardedCheckpoint(path)
         else:
             doc = read_checkpoint(path)

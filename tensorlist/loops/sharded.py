@@ -195,15 +195,15 @@ class ShardedCheckpoint:
                 raise ValueError(f"{where}: group {i} lacks settings {sorted(missing)} of "
                                  f"{type(optimizer).__name__}: saved by another optimizer class?")
             params.update({n: p for n, p in zip(own, g["params"])})
-        for name, p in params.items():
-            s_prefix = f"{prefix}state.{name}."
-            for fqn, t in ckpt.entries.items():
-                key = fqn[len(s_prefix):]
-                if not fqn.startswith(s_prefix) or "." in key or t is None or key == "step" or not t.size:
-                    continue
-                if tuple(t.size) != _shape(p):
-                    raise ValueError(f"{where}: state {key!r} of parameter {name!r} has shape {list(t.size)}, "
-                                     f"the parameter {list(_shape(p))}")
+        s_prefix = f"{prefix}state."
+        for fqn, t in ckpt.entries.items():
+            # optim.state.<parameter name>.<key>: the keys (exp_avg, step...) have no dots, the names may
+            name, _, key = fqn[len(s_prefix):].rpartition(".")
+            if not fqn.startswith(s_prefix) or name not in params or t is None or key == "step" or not t.size:
+                continue
+            if tuple(t.size) != _shape(params[name]):
+                raise ValueError(f"{where}: state {key!r} of parameter {name!r} has shape {list(t.size)}, "
+                                 f"the parameter {list(_shape(params[name]))}")
 
     # --- loading (collective) -------------------------------------------------------------
     def load(self, module: torch.nn.Module, optimizer, *, min_model: bool) -> Optional[Dict[str, torch.Tensor]]:
