@@ -381,11 +381,15 @@ def test_a_sharded_checkpoint_of_another_model_or_loop_is_refused_before_anythin
                      max_epochs=2, checkpoint_format="shards")
 
 
-def test_a_document_checkpoint_resumes_into_a_sharded_run(tmp_path):
-    """Switching formats mid-run: the resume reads whichever ``resume`` names."""
-    a = _loop(tmp_path / "a", "simple", 3)
-    _loop(tmp_path / "b", "simple", 3, stop_after=2, checkpoint_format="document")
-    b = _loop(tmp_path / "b", "simple", 3, resume=str(tmp_path / "b" / "checkpoint.json"))
+@pytest.mark.parametrize("first,then", [("document", "sharded"), ("sharded", "document")])
+def test_a_run_switches_checkpoint_format_on_resume(tmp_path, first, then):
+    """The resume reads whichever format ``resume`` names; the run goes on writing its own."""
+    names = {"document": "checkpoint.json", "sharded": "checkpoint.dcp"}
+    a = _loop(tmp_path / "a", "simple_then_swa", 4, checkpoint_format=then)
+    _loop(tmp_path / "b", "simple_then_swa", 4, stop_after=3, checkpoint_format=first)
+    b = _loop(tmp_path / "b", "simple_then_swa", 4, resume=str(tmp_path / "b" / names[first]),
+              checkpoint_format=then)
     assert a.learning_curve == b.learning_curve
     assert all(torch.equal(v, b.model.state_dict()[k]) for k, v in a.model.state_dict().items())
-    _assert_same_checkpoint(tmp_path / "a" / "checkpoint.dcp", tmp_path / "b" / "checkpoint.dcp")
+    _assert_same_checkpoint(tmp_path / "a" / names[then], tmp_path / "b" / names[then])
+    _assert_same_files(tmp_path / "a", tmp_path / "b")
