@@ -7,9 +7,9 @@ This process imports torch once, then for each launch of the plan forks ``world`
 (a fork starts in milliseconds where a new interpreter needs seconds to import torch: the tests launch a
 dozen process groups). Each rank joins a gloo group over 127.0.0.1 (none when ``world`` is 1), does the
 launch's runs in order, and exits. A rank may SIGKILL itself (``kill_at``: after that many training
-batches; ``kill_in_save``: rank ``world - 1`` inside its N-th DCP ``write_data``, after writing its shard,
-before the save commits); once a rank is dead by SIGKILL this process SIGKILLs the others, as a scheduler
-stops a job. RESULT.json gets, per launch name, each rank's exit status (negative: the signal) and the end of
+batches, the other ranks waiting there to be killed; ``kill_in_save``: rank ``world - 1`` inside its N-th
+DCP ``write_data``, after writing its shard, before the save commits); once a rank is dead by SIGKILL
+this process SIGKILLs the others, as a scheduler stops a job. RESULT.json gets, per launch name, each rank's exit status (negative: the signal) and the end of
 the log of each rank that failed.
 
 A run: ``{"out", "mode": simple | swa | simple_then_swa, "epochs", "data": split | full, "resume",
@@ -86,8 +86,12 @@ def one_run(run, rank, world):
 
         def kill(state):  # counts batches over both phases of with_swa
             calls[0] += 1
-            if calls[0] == run["kill_at"]:
-                os.kill(os.getpid(), signal.SIGKILL)
+            if calls[0] != run["kill_at"]:
+                return
+            if rank != 0:  # out of every collective until this process stops it (a peer that saw rank 0
+                time.sleep(3600)  # die inside one would fail with an error instead of being killed)
+            time.sleep(0.5 if world > 1 else 0)  # the other ranks reach their sleep
+            os.kill(os.getpid(), signal.SIGKILL)
         handlers[loops.Events.ITERATION_COMPLETED] = kill
     if run.get("kill_in_save") is not None and rank == world - 1:
         saves = [0]
