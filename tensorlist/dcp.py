@@ -26,7 +26,7 @@ Checkpoints are read without torch too: :func:`read_full` and
 
 Imports torch (an adapter), ``dcp_read``, ``writer``, ``format``,
 ``_torch_bridge``, ``_commit``, ``_backends``, ``_jsonio``, ``_dtypes`` and
-``errors`` (fsspec for URLs). Nothing in the package imports this module.
+``errors`` (fsspec for URLs). Only ``loops.sharded`` imports it (lazily, for sharded checkpoints).
 
 Example:
     >>> import torch, tempfile, torch.distributed.checkpoint as dcp
