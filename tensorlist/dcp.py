@@ -120,7 +120,21 @@ def _planner_json(data: Any) -> Any:
         return None
 
 
-class TensorListWriter(StorageWriter, BlockingAsyncStager):
+class _CheckpointPath:
+    """What DCP asks both storage classes about their checkpoint: a path or URL."""
+
+    path: str
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id) -> bool:
+        return isinstance(checkpoint_id, (str, os.PathLike))
+
+    @property
+    def checkpoint_id(self) -> str:
+        return self.path
+
+
+class TensorListWriter(_CheckpointPath, StorageWriter, BlockingAsyncStager):
     """A DCP ``StorageWriter`` that saves each rank's chunks as a TensorList and the metadata as JSON.
 
     Use it as ``dcp.save(state_dict, storage_writer=TensorListWriter(path))``
@@ -172,14 +186,6 @@ class TensorListWriter(StorageWriter, BlockingAsyncStager):
         if checkpoint_id is not None:
             self.path = os.fspath(checkpoint_id)
         self.save_id = None
-
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id) -> bool:
-        return isinstance(checkpoint_id, (str, os.PathLike))
-
-    @property
-    def checkpoint_id(self) -> str:
-        return self.path
 
     def storage_meta(self) -> Optional[StorageMeta]:
         return StorageMeta(checkpoint_id=self.path, save_id=self.save_id)
@@ -436,7 +442,7 @@ def _torch_metadata(ckpt: Checkpoint, load_id: Optional[str]) -> Metadata:
                     version=ckpt.dcp_version)
 
 
-class TensorListReader(StorageReader):
+class TensorListReader(_CheckpointPath, StorageReader):
     """A DCP ``StorageReader`` for checkpoints written by :class:`TensorListWriter`.
 
     Use it as ``dcp.load(state_dict, storage_reader=TensorListReader(path))``;
@@ -476,14 +482,6 @@ class TensorListReader(StorageReader):
             self.path = os.fspath(checkpoint_id)
         self.storage = {}
         self.load_id = secrets.token_hex(8)
-
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id) -> bool:
-        return isinstance(checkpoint_id, (str, os.PathLike))
-
-    @property
-    def checkpoint_id(self) -> str:
-        return self.path
 
     # No **kwargs on purpose: DCP then does not retry with a rank-local metadata
     # file (this layout has none), so the error it reports is this one.
