@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
+import stat
 import sys
 import tempfile
 import time
@@ -237,16 +239,17 @@ def cmd_validate(args) -> int:
         try:
             fmt = infer_format(f, for_reading=True)
             if fmt in DCP_FORMATS:
-                print(f"{f}: ok ({_validate_dcp(f, fmt, args.verify)})")
-                continue
-            lists = validate(f, verify=args.verify, allow_outside=args.allow_outside)  # paths and URLs alike
-            n = sum(len(d.tensors) for d in lists)
-            print(f"{f}: ok ({len(lists)} list{'s' if len(lists) != 1 else ''}, {n} tensors"
-                  f"{', checksums verified' if args.verify else ''})")
+                line = f"{f}: ok ({_validate_dcp(f, fmt, args.verify)})"
+            else:
+                lists = validate(f, verify=args.verify, allow_outside=args.allow_outside)  # paths and URLs alike
+                n = sum(len(d.tensors) for d in lists)
+                line = (f"{f}: ok ({len(lists)} list{'s' if len(lists) != 1 else ''}, {n} tensors"
+                        f"{', checksums verified' if args.verify else ''})")
         except (TensorListError, ValueError, OSError, ImportError) as e:
             bad += 1
             text = " ".join(str(e).split())  # one line per problem, whatever the message holds
-            print(f"{f}: error: {text}" if str(f) not in text else f"error: {text}")
+            line = f"{f}: error: {text}" if str(f) not in text else f"error: {text}"
+        print(line)  # outside the try: a closed stdout is not a problem of the file (main ends quietly)
     return 1 if bad else 0
 
 
@@ -524,17 +527,70 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+#: The exit status when the reader of stdout goes away (``tensorlist inspect big.tl | head``): what a shell
+#: reports for a Unix tool that SIGPIPE ended, 128 + 13, so that ``set -o pipefail`` sees the same as with ``cat``.
+EXIT_BROKEN_PIPE = 128 + int(getattr(signal, "SIGPIPE", 13))
+
+
+def _stdout_is_pipe() -> bool:
+    """Whether stdout is a pipe or a socket, the only outputs whose reader can go away (EPIPE)."""
+    try:
+        mode = os.fstat(sys.stdout.fileno()).st_mode
+    except (AttributeError, OSError, ValueError):  # no descriptor (captured output): no pipe to break
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
+
+
+def _reader_gone() -> int:
+    """Ends a command whose stdout reader went away, quietly (Python docs, ``signal``, "Note on SIGPIPE").
+
+    Python ignores SIGPIPE, so a write to a closed pipe raises BrokenPipeError
+    instead of ending the process as it ends ``cat``. stdout is pointed at
+    devnull, so that the flush at exit, which would fail the same way and print
+    "Exception ignored ... BrokenPipeError", has somewhere to go.
+    """
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, sys.stdout.fileno())
+        finally:
+            os.close(devnull)
+    except (AttributeError, OSError, ValueError):
+        pass
+    return EXIT_BROKEN_PIPE
+
+
+def _error(args, text: str) -> int:
+    print(f"tensorlist {args.command}: error: {' '.join(text.split())}", file=sys.stderr)
+    return 2 if args.command == "diff" else 1
+
+
+def _run(argv: Optional[List[str]]) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        rc = args.func(args)
+        sys.stdout.flush()  # what is still buffered fails here, in the handler below, not at exit
+        return rc
+    except BrokenPipeError as e:
+        if _stdout_is_pipe():
+            raise  # the reader of stdout went away: main ends quietly
+        return _error(args, str(e))
     except (TensorListError, ValueError, OSError, KeyError, TypeError, ImportError) as e:
-        text = " ".join(str(e.args[0] if isinstance(e, KeyError) and e.args else e).split())
-        print(f"tensorlist {args.command}: error: {text}", file=sys.stderr)
-        return 2 if args.command == "diff" else 1
+        return _error(args, str(e.args[0] if isinstance(e, KeyError) and e.args else e))
     except KeyboardInterrupt:
         return 130
     except Exception as e:  # anything else (torch, a storage backend...): still one line, no traceback
-        text = " ".join(str(e).split())
-        print(f"tensorlist {args.command}: error: {type(e).__name__}: {text}", file=sys.stderr)
-        return 2 if args.command == "diff" else 1
+        return _error(args, f"{type(e).__name__}: {e}")
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Runs one command (``argv``, default ``sys.argv[1:]``) and returns its exit status.
+
+    Every problem is one line on stderr (status 1; 2 for ``diff``, whose 1
+    means "different"). When the reader of stdout goes away (``| head``), the
+    command stops quietly with :data:`EXIT_BROKEN_PIPE`, as Unix tools do.
+    """
+    try:
+        return _run(argv)
+    except BrokenPipeError:  # stdout's (``_run`` reports any other), from a command or from --help
+        return _reader_gone()
