@@ -25,7 +25,21 @@ from .format import (
 from .reader import Reader, load, load_document, open
 from .schema import load_schema, validate
 from .writer import Tensors, Writer, save, save_document, write_data
+from . import _backends
 from . import remote as _remote  # noqa: F401, E402 - registers the URL backend (see _backends)
+
+
+def _load_to_device(path, device, **options):
+    """``load(path, device=...)``: the staging path of ``tensorlist._staging``, which needs torch."""
+    try:
+        from ._staging import load as staged_load
+    except ImportError as e:
+        raise ImportError(f"{path}: loading onto a device needs torch (pip install 'tensorlist[torch]'): "
+                          f"{e}") from e
+    return staged_load(path, device, **options)
+
+
+_backends.register("device", _load_to_device)
 
 __version__ = "0.1.0"
 

@@ -23,7 +23,8 @@ from . import _lowlevel
 from .errors import ChecksumError, FormatError
 from .format import ListDescriptor, TensorInfo, check_data_path, check_data_size, open_regular
 
-__all__ = ["DataFile", "ListData", "open_list", "open_consistently", "check_crcs", "bytes_view", "views"]
+__all__ = ["DataFile", "ListData", "open_list", "open_consistently", "check_crcs", "bytes_view", "writable_bytes",
+           "views"]
 
 #: How often a reader re-reads a descriptor that a concurrent save keeps replacing.
 MAX_REREADS = 100
@@ -83,16 +84,35 @@ class DataFile:
             s, buf = self._span
             if s <= start and start + length <= s + len(buf):
                 return buf[start - s:start - s + length]
+        out = _lowlevel.alloc(length)
+        self.readinto(out, start, desc, index)
+        return out
+
+    def readinto(self, out: np.ndarray, start: int, desc: ListDescriptor, index: Optional[int] = None) -> None:
+        """Fills the uint8 array ``out`` with the bytes at ``start`` (parallel ``pread``, or the mapping).
+
+        ``index`` names the tensor being read in a truncation error; without
+        it the error names the first tensor of ``desc`` that the file, as it
+        is now, no longer holds.
+        """
+        n = len(out)
+        if self.use_mmap:
+            if n:
+                out[:] = self.mapped()[start:start + n]
+            return
         if self.fd is None:
             raise ValueError("I/O operation on a closed Reader")
-        out = _lowlevel.alloc(length)
         try:
             _lowlevel.pread_into(self.fd, out, start, path=self.path)
         except EOFError as e:
+            size = os.fstat(self.fd).st_size
+            if index is None:
+                index = next((i for i, (o, ln) in enumerate(zip(desc.tensors.offsets, desc.tensors.lengths))
+                              if ln and desc.byte_offset + o + ln > size), None)
             t = desc.tensors[index] if index is not None else None
-            raise FormatError(f"data file {self.path!r} was truncated while reading", file=desc.file,
-                              tensor_index=index, tensor_name=t.name if t is not None else None) from e
-        return out
+            raise FormatError(f"data file {self.path!r} was truncated while reading ({size} bytes left, "
+                              f"{start + n} needed)", file=desc.file, tensor_index=index,
+                              tensor_name=t.name if t is not None else None) from e
 
     def read_span(self, start: int, end: int, desc: ListDescriptor) -> None:
         """Reads ``[start, end)`` once; later reads inside it are views of that one copy.
@@ -159,6 +179,22 @@ class ListData:
             return {keys[i]: self.array_at(i) for i in range(len(keys))}
         buf = self.file.read(desc.byte_offset, desc.byte_length, desc)
         return views(buf, 0, table, readonly=False)
+
+    def readinto(self, out, offset: int) -> None:
+        """Copies the list's bytes ``[offset, offset + len(out))``, counted from its region's start, into ``out``.
+
+        Raises:
+            ValueError: the range leaves the list's region.
+            FormatError: the data file was truncated meanwhile (``mmap=False``).
+        """
+        if self.closed:
+            raise ValueError("I/O operation on a closed Reader")
+        dst = writable_bytes(out)
+        if offset < 0 or offset + len(dst) > self.desc.byte_length:
+            raise ValueError(f"bytes [{offset}, {offset + len(dst)}) lie outside the list's "
+                             f"{self.desc.byte_length}-byte region")
+        if len(dst):
+            self.file.readinto(dst, self.desc.byte_offset + offset, self.desc)
 
     def verify(self, infos: Sequence[TensorInfo]) -> int:
         """Checks the stored CRC32Cs of ``infos``; returns how many were checked."""
@@ -262,6 +298,26 @@ def check_crcs(infos: Sequence[TensorInfo], arrays: Sequence[np.ndarray], file) 
 def bytes_view(a: np.ndarray) -> np.ndarray:
     """The stored bytes of a C-contiguous array as uint8 (works for ml_dtypes too)."""
     return a.reshape(-1).view(np.uint8) if a.size else np.empty(0, np.uint8)
+
+
+def writable_bytes(buf) -> np.ndarray:
+    """A writable C-contiguous buffer (numpy array, bytearray, memoryview) as a flat uint8 array, no copy.
+
+    Raises:
+        ValueError: the buffer is read-only or not contiguous.
+    """
+    if isinstance(buf, np.ndarray):  # ml_dtypes arrays export no buffer format: take their bytes directly
+        if not buf.flags.writeable:
+            raise ValueError("the destination buffer is read-only")
+        if not buf.flags.c_contiguous:
+            raise ValueError("the destination buffer is not contiguous")
+        return buf.reshape(-1).view(np.uint8) if buf.size else np.empty(0, np.uint8)
+    view = memoryview(buf)
+    if view.readonly:
+        raise ValueError("the destination buffer is read-only")
+    if not view.c_contiguous:
+        raise ValueError("the destination buffer is not contiguous")
+    return np.frombuffer(view.cast("B"), np.uint8) if view.nbytes else np.empty(0, np.uint8)
 
 
 def views(base: np.ndarray, start: int, table, readonly: bool) -> Dict[str, np.ndarray]:

@@ -170,6 +170,23 @@ class Reader(TensorMapping):
             raise ValueError("I/O operation on a closed Reader")
         return self._data.read_all()
 
+    def readinto(self, buffer, offset: int = 0) -> None:
+        """Copies the list's raw bytes at ``offset`` into the writable ``buffer``, filling it.
+
+        ``offset`` counts from the first byte of the list's region (tensor
+        ``t`` starts at ``info(t).byte_offset``). With ``mmap=False`` the bytes
+        are read with parallel ``pread``s straight into ``buffer`` (a pinned
+        staging buffer, say), with no intermediate copy.
+
+        Raises:
+            ValueError: the range leaves the list's region, or ``buffer`` is
+                read-only or not contiguous.
+            FormatError: the data file was truncated meanwhile (``mmap=False``).
+        """
+        if self._data is None:
+            raise ValueError("I/O operation on a closed Reader")
+        self._data.readinto(buffer, offset)
+
     def verify(self, keys=None) -> int:
         """Checks stored CRC32Cs (in parallel, in C); returns how many were checked.
 
@@ -202,9 +219,9 @@ def open(path, **kwargs) -> Reader:  # noqa: A001 - mirrors builtins.open on pur
     return Reader(path, **kwargs)
 
 
-def load(path, *, pointer: Optional[str] = None, mmap: bool = True, verify: bool = False,
+def load(path, *, pointer: Optional[str] = None, mmap: bool = True, verify: bool = False, device=None,
          **kwargs) -> Dict[str, np.ndarray]:
-    """Loads every tensor of a TensorList as numpy arrays.
+    """Loads every tensor of a TensorList as numpy arrays (or, given ``device``, torch tensors there).
 
     Args:
         path: the JSON document holding the descriptor.
@@ -213,16 +230,27 @@ def load(path, *, pointer: Optional[str] = None, mmap: bool = True, verify: bool
             no byte read until used. False: one parallel read into private,
             writable memory.
         verify: check the stored CRC32Cs first (ChecksumError on mismatch).
+        device: None (numpy arrays), or a torch device (``"cuda"``,
+            ``"cuda:1"``, ``torch.device(...)``, ``"cpu"``): torch tensors on
+            it. An accelerator is filled straight from the file through
+            pinned staging buffers with overlapped chunked copies, with no
+            whole-file host copy; on ``"cpu"`` the tensors share the mapping
+            as numpy's arrays do. Needs torch.
         **kwargs: ``allow_outside``, ``max_descriptor_bytes``, ``max_tensors``,
-            ``max_total_bytes``.
+            ``max_total_bytes`` (and, with ``device``, ``chunk_bytes`` and
+            ``buffers``: the staging ring).
 
     Returns:
-        dict name -> array, in file order; unnamed tensors keyed "0", "1", ...
+        dict name -> array (or tensor), in file order; unnamed tensors keyed
+        "0", "1", ...
 
     Raises:
         FormatError: the descriptor or data file breaks the format.
         OSError: the descriptor cannot be read.
     """
+    if device is not None:  # served by the registered device backend (tensorlist._staging): torch
+        return _backends.dispatch("device", path)(path, device, pointer=pointer, mmap=mmap, verify=verify,
+                                                  **kwargs)
     with Reader(path, pointer=pointer, mmap=mmap, **kwargs) as r:
         if verify:
             if r.verify() == 0 and len(r):

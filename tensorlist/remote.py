@@ -38,14 +38,14 @@ import posixpath
 import secrets
 import shutil
 import tempfile
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 
 from . import _backends, _lowlevel, reader, schema, writer
 from ._backends import is_url
 from ._commit import own_locations
-from ._datafile import check_crcs
+from ._datafile import check_crcs, writable_bytes
 from ._items import (Item, WriterBase, align, check_alignment, check_metadata, descriptor, descriptor_text,
                      fast_descriptor_text, layout, prepare, tensor_entries)
 from ._jsonio import dumps, set_at_pointer
@@ -60,6 +60,9 @@ __all__ = ["is_url", "RemoteError", "RemoteReader", "RemoteWriter", "open", "loa
 MERGE_GAP = 64 << 10
 #: Largest single ranged read when tensors are merged.
 MAX_RANGE = 64 << 20
+#: ``readinto`` fetches its range as concurrent reads of this size.
+READINTO_PART = 8 << 20
+
 
 class RemoteError(TensorListError, OSError):
     """A remote store could not be reached or refused an operation."""
@@ -194,25 +197,9 @@ class RemoteReader(TensorMapping):
             groups.append([i])
         starts = [base + table.offsets[g[0]] for g in groups]
         ends = [base + table.offsets[g[-1]] + table.lengths[g[-1]] for g in groups]
-        try:
-            blobs = self._ranges(starts, ends) if groups else []
-        except RemoteError as e:
-            # S3 answers a range past the end with 416, not with fewer bytes: say "truncated"
-            # as the local pread reader and the short-read check below do
-            size = self._size_now()
-            for g, end in zip(groups, ends):
-                if size is not None and end > size:
-                    raise FormatError(f"data object was truncated while reading ({size} bytes left, "
-                                      f"{end} needed)", file=self.path, tensor_index=g[0],
-                                      tensor_name=table[g[0]].name) from e
-            raise
+        blobs = self._read_ranges(starts, ends, lambda k: groups[k][0])
         got: Dict[int, memoryview] = {}
-        for g, s, e, b in zip(groups, starts, ends, blobs):
-            if isinstance(b, BaseException):
-                raise RemoteError(f"{self.path}: cannot read tensor {table.keys()[g[0]]!r}: {_oneline(b)}") from b
-            if len(b) != e - s:
-                raise FormatError(f"data object was truncated while reading ({len(b)} of {e - s} bytes)",
-                                  file=self.path, tensor_index=g[0], tensor_name=table[g[0]].name)
+        for g, s, b in zip(groups, starts, blobs):
             view = memoryview(b)
             for i in g:
                 o = base + table.offsets[i] - s
@@ -227,6 +214,64 @@ class RemoteReader(TensorMapping):
                 a.flags.writeable = False
                 out.append(a)
         return out
+
+    def _read_ranges(self, starts: List[int], ends: List[int], tensor_of: Callable[[int], Optional[int]]) -> list:
+        """The data object's bytes ``[starts[k], ends[k])``, each whole; ``tensor_of(k)`` names range k in errors.
+
+        Raises:
+            FormatError: the object is shorter than a range (truncated meanwhile).
+            RemoteError: the store refused a read.
+        """
+        table = self.descriptor.tensors
+
+        def truncated(k, detail, cause=None):
+            i = tensor_of(k)
+            raise FormatError(f"data object was truncated while reading ({detail})", file=self.path,
+                              tensor_index=i, tensor_name=table[i].name if i is not None else None) from cause
+
+        try:
+            blobs = self._ranges(starts, ends) if starts else []
+        except RemoteError as e:
+            # S3 answers a range past the end with 416, not with fewer bytes: say "truncated"
+            # as the local pread reader and the short-read check below do
+            size = self._size_now()
+            for k, end in enumerate(ends):
+                if size is not None and end > size:
+                    truncated(k, f"{size} bytes left, {end} needed", e)
+            raise
+        for k, (s, e, b) in enumerate(zip(starts, ends, blobs)):
+            if isinstance(b, BaseException):
+                i = tensor_of(k)
+                what = f"tensor {table.keys()[i]!r}" if i is not None else f"bytes {s}-{e}"
+                raise RemoteError(f"{self.path}: cannot read {what}: {_oneline(b)}") from b
+            if len(b) != e - s:
+                truncated(k, f"{len(b)} of {e - s} bytes")
+        return blobs
+
+    def readinto(self, buffer, offset: int = 0) -> None:
+        """Copies the list's raw bytes at ``offset`` into the writable ``buffer``, filling it.
+
+        As :meth:`tensorlist.Reader.readinto`: ``offset`` counts from the
+        list's first byte. The range is fetched as concurrent ranged reads.
+        """
+        if self._closed:
+            raise ValueError("I/O operation on a closed Reader")
+        dst = writable_bytes(buffer)
+        desc = self.descriptor
+        if offset < 0 or offset + len(dst) > desc.byte_length:
+            raise ValueError(f"bytes [{offset}, {offset + len(dst)}) lie outside the list's "
+                             f"{desc.byte_length}-byte region")
+        table = desc.tensors
+        starts = list(range(desc.byte_offset + offset, desc.byte_offset + offset + len(dst), READINTO_PART))
+        ends = [min(s + READINTO_PART, desc.byte_offset + offset + len(dst)) for s in starts]
+
+        def first_tensor(k):  # the first tensor with bytes in range k, for errors
+            return next((i for i, (o, ln) in enumerate(zip(table.offsets, table.lengths))
+                         if ln and starts[k] < desc.byte_offset + o + ln and desc.byte_offset + o < ends[k]), None)
+
+        for s, b in zip(starts, self._read_ranges(starts, ends, first_tensor)):
+            at = s - desc.byte_offset - offset
+            dst[at:at + len(b)] = np.frombuffer(b, np.uint8)
 
     def _size_now(self) -> Optional[int]:
         """The data object's size as the store sees it now (not fsspec's cached listing), or None."""

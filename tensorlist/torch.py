@@ -7,7 +7,7 @@ mapping (used by ``nn.load_model_weights`` and the loops' resume too). The
 tensor conversion itself (``to_numpy``, ``from_numpy``, ``torch_dtype``) lives
 in ``_torch_bridge`` and is re-exported here. See docs/LOOPS.md.
 
-Imports ``_torch_bridge``, ``_jsonio``, ``reader``, ``writer`` and ``record``.
+Imports ``_torch_bridge``, ``_staging``, ``_jsonio``, ``reader``, ``writer`` and ``record``.
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ import torch
 
 from . import reader, writer
 from ._jsonio import dumps, from_tagged, loads_strict, to_tagged
+from ._staging import load as staged_load, load_into_device
 from ._torch_bridge import from_numpy, state_to_numpy, to_numpy, torch_dtype
 
 __all__ = [
@@ -117,16 +118,19 @@ def save_module_state(path, module, *, training: Optional[Mapping] = None,
     writer.save(path, arrays, metadata=dict(metadata) if metadata else None, **save_options)
 
 
-def load_state(path, *, device=None, pointer: Optional[str] = None, mmap: bool = True) -> Dict[str, torch.Tensor]:
+def load_state(path, *, device=None, pointer: Optional[str] = None, mmap: bool = True,
+               verify: bool = False) -> Dict[str, torch.Tensor]:
     """A TensorList as a dict of torch tensors.
 
     On CPU (``device`` None or ``"cpu"``) the tensors share the file's memory
     mapping: zero-copy, and read-only by contract (copy before writing in
-    place). On another device each tensor is copied there once.
+    place); with ``mmap=False`` they live in one private, writable read. On
+    an accelerator (``"cuda"``...) the file is read once, in chunks, into
+    pinned staging buffers and copied to the device on a side stream while
+    the next chunk is read (see ``tensorlist._staging``); ``verify`` then
+    checks the CRC32Cs on the staged bytes.
     """
-    arrays = reader.load(path, pointer=pointer, mmap=mmap)
-    dev = None if device is None or torch.device(device).type == "cpu" else torch.device(device)
-    return {k: from_numpy(a, dev) for k, a in arrays.items()}
+    return staged_load(path, "cpu" if device is None else device, pointer=pointer, mmap=mmap, verify=verify)
 
 
 def match_state(expected: Mapping, given: Mapping) -> LoadResult:
@@ -159,6 +163,11 @@ def match_state(expected: Mapping, given: Mapping) -> LoadResult:
     return LoadResult(tuple(loaded), tuple(missing), tuple(unexpected), tuple(mismatched))
 
 
+def _staged(t: torch.Tensor) -> bool:
+    """Whether a module tensor is filled through the staging ring (off the CPU) or from the mapping."""
+    return t.device.type != "cpu"
+
+
 def load_module_state(path, module: torch.nn.Module, *, strict: bool = True, device=None,
                       pointer: Optional[str] = None) -> LoadResult:
     """Loads parameters and buffers from a TensorList into ``module`` (BigDL's ``loadWeights``).
@@ -171,8 +180,13 @@ def load_module_state(path, module: torch.nn.Module, *, strict: bool = True, dev
     partial load is never silent.
 
     Values are copied into the module's own tensors (``Tensor.copy_``, on the
-    module's device and dtype); the file is read through its memory mapping
-    with no intermediate copy. ``device`` moves the module first.
+    module's device and dtype). For tensors on the CPU the file is read
+    through its memory mapping with no intermediate copy; for tensors on an
+    accelerator it is read once, in chunks, through pinned staging buffers,
+    straight into each parameter of the stored dtype (others get a staged
+    copy, then a cast on the device). ``device`` moves the module first. A
+    data file truncated by another process while it is read raises
+    FormatError and may leave the module partly loaded.
 
     Raises:
         KeyError: strict and names differ (both lists in the message).
@@ -190,9 +204,23 @@ def load_module_state(path, module: torch.nn.Module, *, strict: bool = True, dev
     if strict and result.mismatched:
         raise ValueError(f"{os.fspath(path)}: wrong shapes: " + ", ".join(
             f"{n}: file {list(a)} vs module {list(b)}" for n, a, b in result.mismatched))
+    on_device: Dict[torch.device, List[str]] = {}
+    for name in result.loaded:
+        if _staged(own[name]):
+            on_device.setdefault(own[name].device, []).append(name)
     with torch.no_grad():
+        if on_device:
+            with reader.Reader(path, pointer=pointer, mmap=False) as r:
+                for dev, names in on_device.items():
+                    direct = {n: own[n] for n in names
+                              if own[n].dtype == file_state[n].dtype and own[n].is_contiguous()}
+                    staged = load_into_device(r, dev, keys=names, into=direct)
+                    for n in names:
+                        if n not in direct:
+                            own[n].copy_(staged[n])
         for name in result.loaded:
-            own[name].copy_(file_state[name])
+            if not _staged(own[name]):
+                own[name].copy_(file_state[name])
     if not result.complete:
         logging.getLogger("tensorlist.torch").warning("%s: partial load into %s: %s", os.fspath(path),
                                                       type(module).__name__, result.summary())
