@@ -1,4 +1,5 @@
 """Smoke test of the I/O benchmark: it runs end to end and prints its tables (no timing checks)."""
+import json
 import os
 import subprocess
 import sys
@@ -34,3 +35,20 @@ def test_bench_io_quick_runs_and_prints_ratios(tmp_path):
     assert out_json.exists()
     # the temporary directory is removed
     assert not [p for p in os.listdir(tmp_path) if p.startswith("tensorlist-bench-")]
+
+
+def test_bench_gpu_load_smoke_runs_on_the_cpu(tmp_path):
+    """The GPU benchmark's every contender and table, on the CPU (CI has no GPU): it runs and checks outputs."""
+    out_json = tmp_path / "gpu.json"
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "bench", "bench_gpu_load.py"), "--device", "cpu", "--mib", "16",
+         "--repeat", "1", "--dir", str(tmp_path), "--json", str(out_json)],
+        capture_output=True, text=True, timeout=600, cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for row in ("tensorlist.load(device=)", "tensorlist.load + .to(device)", "torch.load(map_location=, mmap=True)",
+                "safetensors safe_open(device=) + get_tensor", "safetensors.torch.load_file(device=)",
+                "-- warm page cache", "-- cold page cache", "n/a (smoke run on the CPU)"):
+        assert row in proc.stdout, proc.stdout
+    assert set(json.loads(out_json.read_text())["seconds"]) == {"warm", "cold"}
+    assert not [p for p in os.listdir(tmp_path) if p.startswith("tensorlist-gpubench-")]
