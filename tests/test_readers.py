@@ -527,6 +527,41 @@ class TestMapping:
             with pytest.raises(tl.FormatError, match="truncated while reading"):
                 r.to_dict()
 
+    def test_readinto_fills_a_buffer_with_the_region_bytes(self, store):
+        want = _saved(store)
+        with store.open("m.tl") as r:
+            n = r.descriptor.byte_length
+            whole = np.empty(n, np.uint8)
+            r.readinto(whole)
+            for k, a in want.items():
+                info = r.info(k)
+                got = whole[info.byte_offset:info.byte_offset + info.byte_length].tobytes()
+                assert got == np.ascontiguousarray(a).astype(a.dtype.newbyteorder("<")).tobytes(), k
+                part = bytearray(info.byte_length)
+                r.readinto(part, info.byte_offset)
+                assert bytes(part) == got
+            tail = np.empty(5, np.uint8)
+            r.readinto(tail, n - 5)
+            assert tail.tobytes() == whole[-5:].tobytes()
+            r.readinto(bytearray(0), n)
+            for buf, at, match in ((bytearray(1), n, "outside"), (bytearray(n + 1), 0, "outside"),
+                                   (bytearray(1), -1, "outside"), (b"x", 0, "read-only"),
+                                   (np.zeros((4, 4), np.uint8)[:, 1], 0, "contiguous")):
+                with pytest.raises(ValueError, match=match):
+                    r.readinto(buf, at)
+
+    def test_readinto_of_a_data_file_truncated_after_open(self, store):
+        _saved(store)
+        data_name = store.data_name("m.tl")
+        if store.open_kwargs.get("mmap", False):
+            return  # a mapping sees the truncation at open (test_a_data_file_truncated_after_open)
+        with store.open("m.tl") as r:
+            store.write(data_name, store.read(data_name)[:64])
+            head = bytearray(64 - r.descriptor.byte_offset)
+            r.readinto(head)  # within what is left
+            with pytest.raises(tl.FormatError, match=r"m.tl.*truncated while reading"):
+                r.readinto(bytearray(r.descriptor.byte_length))
+
     def test_closed_reader(self, store):
         want = _saved(store)
         r = store.open("m.tl")
@@ -535,7 +570,7 @@ class TestMapping:
         r.close()
         assert r.closed
         for use in (lambda: r["w"], lambda: r[0], r.to_dict, r.items, r.values, r.verify, lambda: r.get("w"),
-                    lambda: r.get_many(["w"])):
+                    lambda: r.get_many(["w"]), lambda: r.readinto(bytearray(1))):
             with pytest.raises(ValueError, match="closed"):
                 use()
         r.close()  # closing twice is fine
