@@ -96,6 +96,21 @@ def _staging_buffers(count: int, nbytes: int, pinned: bool) -> List[torch.Tensor
     return [torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned) for _ in range(count)]
 
 
+def _usable(device, path) -> torch.device:
+    """``device`` as a torch.device with its index, or a RuntimeError naming the file when torch cannot use it."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return device
+    if not torch.cuda.is_available():
+        why = "this torch build has no CUDA" if torch.version.cuda is None else "no CUDA device or driver is visible"
+        raise RuntimeError(f"{path}: cannot load onto {device}: {why}")
+    if device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    if device.index >= torch.cuda.device_count():
+        raise RuntimeError(f"{path}: cannot load onto {device}: torch sees {torch.cuda.device_count()} CUDA devices")
+    return device
+
+
 def load_into_device(r, device, *, keys=None, into: Optional[Mapping[str, torch.Tensor]] = None,
                      verify: bool = False, chunk_bytes: int = CHUNK_BYTES,
                      buffers: int = BUFFERS) -> Dict[str, torch.Tensor]:
@@ -121,9 +136,7 @@ def load_into_device(r, device, *, keys=None, into: Optional[Mapping[str, torch.
         FormatError: the data file was truncated while being read.
         ValueError: an ``into`` tensor does not fit its entry.
     """
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
+    device = _usable(device, r.path)
     table = r.descriptor.tensors
     all_keys = table.keys()
     wanted = range(len(all_keys)) if keys is None else [r.info(k).index for k in keys]

@@ -276,6 +276,15 @@ def test_module_state_through_the_staging(tmp_path, monkeypatch):
     assert torch.equal(h[0].weight, m[0].weight)
 
 
+@pytest.mark.skipif(CUDA, reason="checks the error where torch sees no CUDA device")
+def test_cuda_without_cuda_is_a_clear_error(saved):
+    path, _ = saved
+    for load in (lambda: tl.load(path, device="cuda"), lambda: tl.load(path, device="cuda:1"),
+                 lambda: tt.load_state(path, device=torch.device("cuda", 0))):
+        with pytest.raises(RuntimeError, match=r"m.tl: cannot load onto cuda.*(no CUDA|not visible|no CUDA device)"):
+            load()
+
+
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device: pinned staging buffers and a copy stream")
 class TestCuda:
     def test_load_to_cuda_is_bit_exact_for_every_dtype(self, saved):
@@ -298,6 +307,11 @@ class TestCuda:
         h = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.LayerNorm(32)).cuda()  # float32: a cast
         assert tt.load_module_state(tmp_path / "m.tl", h).complete
         assert torch.equal(h[0].weight.cpu(), m[0].weight.float())
+
+    def test_a_device_index_past_the_last_is_a_clear_error(self, saved):
+        path, _ = saved
+        with pytest.raises(RuntimeError, match=r"m.tl: cannot load onto cuda:\d+: torch sees \d+ CUDA devices"):
+            tl.load(path, device=f"cuda:{torch.cuda.device_count()}")
 
     def test_many_chunks_in_flight_overlap_safely(self, tmp_path):
         # more chunks than buffers: a buffer is refilled only after its copies finished
