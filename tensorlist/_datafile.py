@@ -14,6 +14,7 @@ Imports ``format``, ``_lowlevel`` and ``errors`` only.
 from __future__ import annotations
 
 import errno
+import operator
 import os
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -23,7 +24,8 @@ from . import _lowlevel
 from .errors import ChecksumError, FormatError
 from .format import ListDescriptor, TensorInfo, check_data_path, check_data_size, open_regular
 
-__all__ = ["DataFile", "ListData", "open_list", "open_consistently", "check_crcs", "bytes_view", "writable_bytes",
+__all__ = ["DataFile", "ListData", "open_list", "open_consistently", "check_crcs", "bytes_view", "region_target",
+           "writable_bytes",
            "views"]
 
 #: How often a reader re-reads a descriptor that a concurrent save keeps replacing.
@@ -189,12 +191,9 @@ class ListData:
         """
         if self.closed:
             raise ValueError("I/O operation on a closed Reader")
-        dst = writable_bytes(out)
-        if offset < 0 or offset + len(dst) > self.desc.byte_length:
-            raise ValueError(f"bytes [{offset}, {offset + len(dst)}) lie outside the list's "
-                             f"{self.desc.byte_length}-byte region")
+        dst, start = region_target(self.desc, out, offset)
         if len(dst):
-            self.file.readinto(dst, self.desc.byte_offset + offset, self.desc)
+            self.file.readinto(dst, start, self.desc)
 
     def verify(self, infos: Sequence[TensorInfo]) -> int:
         """Checks the stored CRC32Cs of ``infos``; returns how many were checked."""
@@ -298,6 +297,26 @@ def check_crcs(infos: Sequence[TensorInfo], arrays: Sequence[np.ndarray], file) 
 def bytes_view(a: np.ndarray) -> np.ndarray:
     """The stored bytes of a C-contiguous array as uint8 (works for ml_dtypes too)."""
     return a.reshape(-1).view(np.uint8) if a.size else np.empty(0, np.uint8)
+
+
+def region_target(desc: ListDescriptor, buf, offset) -> Tuple[np.ndarray, int]:
+    """The checks of every ``readinto``: ``buf`` as writable uint8, and where in the data file ``offset`` is.
+
+    ``offset`` counts from the list's first byte; ``[offset, offset + len)``
+    must lie inside the list's region.
+
+    Raises:
+        TypeError: ``offset`` is not an integer.
+        ValueError: the range leaves the region, or ``buf`` is read-only or
+            not contiguous.
+    """
+    if isinstance(offset, bool):
+        raise TypeError("offset must be an integer, not bool")
+    offset = operator.index(offset)
+    dst = writable_bytes(buf)
+    if offset < 0 or offset + len(dst) > desc.byte_length:
+        raise ValueError(f"bytes [{offset}, {offset + len(dst)}) lie outside the list's {desc.byte_length}-byte region")
+    return dst, desc.byte_offset + offset
 
 
 def writable_bytes(buf) -> np.ndarray:

@@ -549,6 +549,9 @@ class TestMapping:
                                    (np.zeros((4, 4), np.uint8)[:, 1], 0, "contiguous")):
                 with pytest.raises(ValueError, match=match):
                     r.readinto(buf, at)
+            for at in (1.0, "0", None, True):
+                with pytest.raises(TypeError):
+                    r.readinto(bytearray(1), at)
 
     def test_readinto_of_a_data_file_truncated_after_open(self, store):
         _saved(store)
