@@ -24,7 +24,7 @@ EXAMPLES = {
     "inspect": ("examples:\n  tensorlist inspect model.tl\n  tensorlist inspect ckpt.json --pointer /model --json\n"
                 "  tensorlist inspect model.safetensors\n  tensorlist inspect s3://bucket/run/final.tl\n"
                 "  tensorlist inspect ckpt/            (a DCP checkpoint directory, either layout)\n"
-                "  tensorlist inspect s3://bucket/run/ckpt/ --json"),
+                "  tensorlist inspect s3://bucket/run/ckpt --json    (a URL prefix: a final / is optional)"),
     "validate": ("examples:\n  tensorlist validate model.tl\n  tensorlist validate --verify a.tl b.tl ckpt.json\n"
                  "  tensorlist validate --verify ckpt/   (a DCP checkpoint directory)"),
     "convert": ("examples:\n  tensorlist convert model.safetensors model.tl\n"
@@ -39,7 +39,8 @@ EXAMPLES = {
                 "pt (.pt/.pth/.bin/.ckpt, read with torch.load(weights_only=True) only),\n"
                 "dcp (a checkpoint directory in tensorlist's layout: .metadata.json + .tl shards),\n"
                 "torch-dcp (read only: DCP FileSystemWriter's .metadata + .distcp, the pickle never run).\n"
-                "A directory, a name ending with /, or a checkpoint's copy named without an extension is dcp.\n"
+                "A directory (a local one, or a URL prefix holding objects, with or without a final /), a name\n"
+                "ending with /, or a checkpoint's copy named without an extension is dcp.\n"
                 "Remote URLs (s3://, gs://, hdfs://, memory://...) work for tensorlist and lamp files and dcp;\n"
                 "S3 endpoints and credentials come from the AWS_* environment variables."),
     "diff": ("examples:\n  tensorlist diff a.tl b.tl\n  tensorlist diff model.safetensors model.tl\n"

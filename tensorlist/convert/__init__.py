@@ -12,7 +12,8 @@ hf            ``*.safetensors.index.json``                 Hugging Face sharded 
 npz           ``*.npz``                                    bfloat16/float8 kept through a side entry
 npy           ``*.npy``                                    exactly one tensor; no bfloat16/float8
 pt            ``*.pt``, ``*.pth``, ``*.bin``, ``*.ckpt``   read with ``weights_only=True`` only
-dcp           a directory holding ``.metadata.json``       tensorlist's DCP layout; chunks kept dcp to dcp
+dcp           a directory holding ``.metadata.json``       tensorlist's DCP layout; chunks kept dcp to dcp;
+                                                           a URL prefix with or without its final ``/``
 torch-dcp     a directory holding ``.metadata`` only       DCP's FileSystemWriter layout; read only, no pickle run
 ============  ===========================================  ============================
 

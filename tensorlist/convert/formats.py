@@ -5,7 +5,8 @@ A :class:`Source` (built by ``sources``) is the tensors of a file as lazy
 source's shapes obey tensorlist's own rules (:func:`check_shape`) and every
 conversion the readers' limits (:func:`check_limits`: ``max_tensors``, and a
 cap on what a source may expand to). Imports ``_backends``, ``_dtypes``,
-``format``, ``errors`` and ``dcp_read`` (the name of a checkpoint's metadata) only.
+``format``, ``errors`` and ``dcp_read`` (the name of a checkpoint's metadata, ``join``) only;
+fsspec to ask whether a URL is a checkpoint directory.
 """
 from __future__ import annotations
 
@@ -20,14 +21,14 @@ import numpy as np
 
 from .. import _dtypes
 from .._backends import is_remote, localize
-from ..dcp_read import METADATA_NAME
+from ..dcp_read import METADATA_NAME, join
 from ..errors import FormatError
 from ..format import Limits, dims_problem, open_regular, shape_nbytes
 
 __all__ = ["FORMATS", "MAX_SAFETENSORS_HEADER", "DEFAULT_SHARD_BYTES", "NPZ_SIDECAR", "ST_DTYPES", "ST_NAMES",
            "ST_RANK", "ST_NOT_HERE", "RAW_DTYPES", "UINT", "MAX_EXPANSION", "MIN_EXPANSION_BYTES",
            "check_format", "check_shape", "row_of", "check_limits", "expansion_cap", "infer_format", "Entry", "Source",
-           "MetadataDroppedWarning", "DCP_FORMATS", "TORCH_DCP_METADATA"]
+           "MetadataDroppedWarning", "DCP_FORMATS", "TORCH_DCP_METADATA", "is_directory"]
 
 FORMATS = ("tensorlist", "lamp", "safetensors", "hf", "npz", "npy", "pt", "dcp", "torch-dcp")
 #: Checkpoint directories: ``dcp``, tensorlist's layout of torch.distributed.checkpoint (read and written);
@@ -112,9 +113,10 @@ def check_format(fmt: str) -> str:
 def infer_format(path, *, for_reading: bool = False) -> str:
     """The format a file name implies (see the package's table); reading also sniffs the bytes.
 
-    A directory (one that exists, or a name ending with ``/``) is a checkpoint:
-    ``torch-dcp`` when it holds DCP's own ``.metadata`` and no ``.metadata.json``,
-    else ``dcp``.
+    A checkpoint directory (:func:`is_directory`: a name ending with ``/``, an
+    existing local directory, or a URL prefix holding objects, with or without
+    its trailing ``/``) is a checkpoint: ``torch-dcp`` when it holds DCP's own
+    ``.metadata`` and no ``.metadata.json``, else ``dcp``.
 
     >>> infer_format("model.safetensors.index.json"), infer_format("x.npz"), infer_format("w.tl")
     ('hf', 'npz', 'tensorlist')
@@ -122,7 +124,7 @@ def infer_format(path, *, for_reading: bool = False) -> str:
     'dcp'
     """
     name = os.fspath(path)
-    if name.endswith("/") or (not is_remote(name) and os.path.isdir(localize(name))):
+    if is_directory(name):
         return _checkpoint_format(name) if for_reading else "dcp"
     p = name.lower()
     if p.endswith(".index.json"):
@@ -138,13 +140,50 @@ def infer_format(path, *, for_reading: bool = False) -> str:
     return "tensorlist"
 
 
-def _checkpoint_format(path: str) -> str:
+def is_directory(path) -> bool:
+    """Whether ``path`` names a directory, the one rule for "is this a checkpoint directory" by its name.
+
+    A name ending with ``/`` always does (a destination to be created). Without
+    it: an existing local directory (``file://`` URLs too), or a remote URL
+    under which objects lie (``memory://ck``, ``s3://bucket/ck``: an object
+    store has no directories, only keys sharing the prefix ``ck/``; fsspec's
+    ``isdir`` asks for one of them). A URL that cannot be asked (no fsspec, no
+    such bucket, no credentials) is not a directory here: the reader that
+    opens it then says what is wrong, in its own words.
+
+    >>> is_directory("s3://bucket/run/ckpt/"), is_directory("no/such/dir")
+    (True, False)
+    """
+    name = os.fspath(path)
+    if name.endswith("/"):
+        return True
+    if not is_remote(name):
+        return os.path.isdir(localize(name))
+    try:
+        import fsspec
+
+        fs, p = fsspec.core.url_to_fs(name)
+        return bool(fs.isdir(p))
+    except Exception:  # ImportError, or anything a storage backend raises: the reader reports it
+        return False
+
+
+def _holds(path: str, name: str) -> bool:
+    """Whether the directory ``path`` (local or a URL) holds an entry ``name``."""
     if is_remote(path):
-        return "dcp"
-    folder = localize(path)
-    if not os.path.lexists(os.path.join(folder, METADATA_NAME)) and \
-            os.path.lexists(os.path.join(folder, TORCH_DCP_METADATA)):
-        return "torch-dcp"
+        import fsspec
+
+        fs, p = fsspec.core.url_to_fs(join(path, name))
+        return bool(fs.exists(p))
+    return os.path.lexists(os.path.join(localize(path), name))
+
+
+def _checkpoint_format(path: str) -> str:
+    try:
+        if not _holds(path, METADATA_NAME) and _holds(path, TORCH_DCP_METADATA):
+            return "torch-dcp"
+    except Exception:  # a URL that cannot be asked: the dcp reader says why, naming the metadata it needs
+        pass
     return "dcp"
 
 
