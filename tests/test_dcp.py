@@ -12,11 +12,8 @@ import os
 import pickle
 import shutil
 import signal
-import socket
-import tempfile
 import subprocess
 import sys
-import time
 import warnings
 
 import numpy as np
@@ -34,6 +31,8 @@ from tensorlist.dcp_read import (METADATA_NAME, SCHEMA, StorageEntry, TensorMeta
                                  metadata_document, parse_metadata, read_metadata)
 from tensorlist.errors import FormatError
 from tensorlist.schema import load_schema, schema_validator
+
+import _ranks
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -195,67 +194,17 @@ def worker_kill(rank, world, root):
 def worker(mode, rank, world, port, root):
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=60))
+    _ranks.join(rank, world, port, timeout=datetime.timedelta(seconds=60))
     {"save": worker_save, "load": worker_load, "kill": worker_kill}[mode](rank, world, root)
     dist.barrier()
     dist.destroy_process_group()
-
-
-# --- launching ranks ----------------------------------------------------------------------
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start(mode, world, root):
-    port = _free_port()
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    procs = []
-    for r in range(world):
-        log = tempfile.TemporaryFile(mode="w+")
-        cmd = [sys.executable, os.path.abspath(__file__), mode, str(r), str(world), str(port), str(root)]
-        p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
-        p.log = log
-        procs.append(p)
-    return procs
-
-
-def _stop(procs):
-    """Kills the ranks still running (one failed rank leaves the others waiting on a collective); their logs."""
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-    logs = []
-    for p in procs:
-        p.wait()
-        p.log.seek(0)
-        logs.append(p.log.read())
-        p.log.close()
-    return logs
-
-
-def _launch(mode, world, root, timeout=240):
-    procs = _start(mode, world, root)
-    deadline = time.monotonic() + timeout
-    try:
-        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
-            if any(p.returncode not in (None, 0) for p in procs):
-                break
-            time.sleep(0.1)
-    finally:
-        logs = _stop(procs)
-    for r, (p, log) in enumerate(zip(procs, logs)):
-        assert p.returncode == 0, f"rank {r} of {mode} on {world} ended with {p.returncode}:\n{log[-4000:]}"
 
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     """Every checkpoint, saved once by 4 gloo ranks."""
     root = tmp_path_factory.mktemp("dcp")
-    _launch("save", 4, root)
+    _ranks.run_script(__file__, "save", 4, root)
     return root
 
 
@@ -353,23 +302,22 @@ def test_async_save_with_cached_staging_copies_into_the_same_buffers(tmp_path):
 @pytest.mark.slow  # gloo processes
 @pytest.mark.parametrize("world", [2, 3])
 def test_saved_on_4_loads_on_2_and_3_ranks_resharded(saved, world):
-    _launch("load", world, saved)
+    _ranks.run_script(__file__, "load", world, saved)
 
 
 # --- atomicity --------------------------------------------------------------------------
 
 @pytest.mark.slow  # gloo processes
 def test_a_rank_killed_before_the_commit_leaves_the_previous_checkpoint_loadable(tmp_path):
-    procs = _start("kill", 2, tmp_path)
-    try:
-        procs[1].wait(timeout=180)
+    with _ranks.Launch(2) as job:
+        _ranks.spawn_script(job, __file__, "kill", tmp_path)
+        job.procs[1].wait(timeout=180)
         try:
-            procs[0].wait(timeout=20)  # gloo reports the dead peer; if it does not, stop it
+            job.procs[0].wait(timeout=20)  # gloo reports the dead peer; if it does not, stop it
         except subprocess.TimeoutExpired:
             pass
-    finally:
-        logs = _stop(procs)
-    assert procs[1].returncode == -signal.SIGKILL, logs[1][-3000:]
+        log = job.output(1)
+    assert job.procs[1].returncode == -signal.SIGKILL, log[-3000:]
     path = tmp_path / "killed"
     ckpt = validate_checkpoint(path, verify=True)
     leftovers = [n for n in os.listdir(path) if n != METADATA_NAME and ckpt.save_id not in n]

@@ -12,11 +12,8 @@ import datetime
 import os
 import pickle
 import shutil
-import socket
 import subprocess
 import sys
-import tempfile
-import time
 import warnings
 
 import numpy as np
@@ -32,6 +29,8 @@ from tensorlist.cli import main
 from tensorlist.convert import MetadataDroppedWarning, convert, open_source
 from tensorlist.dcp import TensorListReader, TensorListWriter, read_full, validate_checkpoint
 from tensorlist.dcp_read import METADATA_NAME, read_metadata
+
+import _ranks
 
 pytestmark = [pytest.mark.filterwarnings("ignore:torch.distributed is disabled"), pytest.mark.slow]
 VALUES = {"step": 7, "cfg.betas": (0.9, 0.999), "cfg.name": "run"}
@@ -59,8 +58,7 @@ def expected():
 def worker(mode, rank, world, port, root):
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=60))
+    _ranks.join(rank, world, port, timeout=datetime.timedelta(seconds=60))
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
     mesh = init_device_mesh("cpu", (world,))
@@ -72,42 +70,6 @@ def worker(mode, rank, world, port, root):
     dist.destroy_process_group()
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def launch(mode, world, root, env=None, timeout=240):
-    port = _free_port()
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", **(env or {}))
-    procs = []
-    for r in range(world):
-        log = tempfile.TemporaryFile(mode="w+")
-        p = subprocess.Popen([sys.executable, os.path.abspath(__file__), mode, str(r), str(world), str(port),
-                              str(root)], stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
-        p.log = log
-        procs.append(p)
-    deadline = time.monotonic() + timeout
-    try:
-        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
-            if any(p.returncode not in (None, 0) for p in procs):
-                break
-            time.sleep(0.1)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-        logs = []
-        for p in procs:
-            p.wait()
-            p.log.seek(0)
-            logs.append(p.log.read())
-            p.log.close()
-    for r, (p, log) in enumerate(zip(procs, logs)):
-        assert p.returncode == 0, f"rank {r} of {mode} on {world} ended with {p.returncode}:\n{log[-4000:]}"
-
-
 @pytest.fixture(scope="module")
 def stock(tmp_path_factory):
     """FileSystemWriter checkpoints saved by 1 and by 2 gloo ranks: {world: directory}."""
@@ -115,7 +77,7 @@ def stock(tmp_path_factory):
     out = {}
     for world in (1, 2):
         out[world] = root / f"on{world}"
-        launch("stock", world, out[world])
+        _ranks.run_script(__file__, "stock", world, out[world])
     return out
 
 
@@ -431,7 +393,7 @@ def test_hostile_stock_metadata_is_one_line(stock, tmp_path, capsys, damage, mes
 
 def test_tensorlistwriter_on_2_gloo_ranks_to_s3_loads_on_1(s3, s3_prefix, tmp_path, capsys):
     url = f"{s3_prefix}/ckpt"
-    launch("s3", 2, url, env=s3["env"])
+    _ranks.run_script(__file__, "s3", 2, url, env=s3["env"])
     names = sorted(n.rsplit("/", 1)[-1] for n in s3["fs"].ls(url.removeprefix("s3://"), detail=False))
     assert METADATA_NAME in names and len([n for n in names if n.endswith(".tl")]) == 2
     check_full(url)
