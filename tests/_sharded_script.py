@@ -3,14 +3,14 @@
 usage: python _sharded_script.py PLAN.json RESULT.json
 
 PLAN: ``{"steps": [{"name", "world", "runs": [run, ...]} or {"copy": [src, dst]}, ...]}``, in order.
-This process imports torch once, then for each launch of the plan forks ``world`` processes, one per rank
-(a fork starts in milliseconds where a new interpreter needs seconds to import torch: the tests launch a
-dozen process groups). Each rank joins a gloo group over 127.0.0.1 (none when ``world`` is 1), does the
-launch's runs in order, and exits. A rank may SIGKILL itself (``kill_at``: after that many training
-batches, the other ranks waiting there to be killed; ``kill_in_save``: rank ``world - 1`` inside its N-th
-DCP ``write_data``, after writing its shard, before the save commits); once a rank is dead by SIGKILL
-this process SIGKILLs the others, as a scheduler stops a job. RESULT.json gets, per launch name, each rank's exit status (negative: the signal) and the end of
-the log of each rank that failed.
+This process imports torch once, then for each launch of the plan forks ``world`` processes, one per rank,
+with tests/_ranks.py (a fork starts in milliseconds where a new interpreter needs seconds to import torch:
+the tests launch a dozen process groups). Each rank joins a gloo group over 127.0.0.1 (none when ``world``
+is 1), does the launch's runs in order, and exits. A rank may SIGKILL itself (``kill_at``: after that many
+training batches, the other ranks waiting there to be killed; ``kill_in_save``: rank ``world - 1`` inside
+its N-th DCP ``write_data``, after writing its shard, before the save commits); once a rank is dead by
+SIGKILL (or has failed) this process SIGKILLs the others, as a scheduler stops a job. RESULT.json gets, per
+launch name, each rank's exit status (negative: the signal) and the end of the log of each rank that failed.
 
 A run: ``{"out", "mode": simple | swa | simple_then_swa, "epochs", "data": split | full, "resume",
 "kill_at", "kill_in_save", "fsdp", "no_bn"}`` (``fsdp``: the model sharded with FSDP2 instead of DDP;
@@ -22,10 +22,8 @@ import json
 import os
 import shutil
 import signal
-import socket
 import sys
 import time
-import traceback
 import warnings
 
 import torch
@@ -37,6 +35,8 @@ import torch.distributed as dist  # noqa: E402
 import tensorlist.dcp  # noqa: E402
 import tensorlist.loops as loops  # noqa: E402
 import tensorlist.loops.sharded  # noqa: E402,F401  (imported before the fork, as everything the ranks use)
+
+import _ranks  # noqa: E402
 
 LAUNCH_TIMEOUT = 150
 
@@ -125,7 +125,7 @@ def rank_main(launch, rank, port):
     world = launch["world"]
     warnings.simplefilter("ignore")
     if world > 1:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+        _ranks.join(rank, world, port)
     for run in launch["runs"]:
         one_run(run, rank, world)
     if world > 1:
@@ -133,60 +133,15 @@ def rank_main(launch, rank, port):
         dist.destroy_process_group()
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch_ranks(launch, logdir, index):
-    port = free_port()
-    pids = {}
-    for rank in range(launch["world"]):
-        log = os.path.join(logdir, f"launch{index}.rank{rank}.log")
-        pid = os.fork()
-        if pid == 0:  # the rank
-            code = 1
-            try:
-                fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-                os.dup2(fd, 1)
-                os.dup2(fd, 2)
-                rank_main(launch, rank, port)
-                code = 0
-            except BaseException:
-                traceback.print_exc()
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
-        pids[pid] = (rank, log)
-    status = {}
-    deadline = time.monotonic() + LAUNCH_TIMEOUT
-    while len(status) < len(pids):
-        pid, st = os.waitpid(-1, os.WNOHANG)
-        if pid == 0:
-            if time.monotonic() > deadline:
-                for p in pids:
-                    if pids[p][0] not in status:
-                        os.kill(p, signal.SIGKILL)
-                deadline = float("inf")
-            time.sleep(0.02)
-            continue
-        code = -os.WTERMSIG(st) if os.WIFSIGNALED(st) else os.WEXITSTATUS(st)
-        status[pids[pid][0]] = code
-        if code != 0:  # a rank died (killed on purpose, or failed): the others would wait for it
-            for p, (r, _) in pids.items():
-                if r not in status:
-                    try:
-                        os.kill(p, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-    logs = {}
-    for rank, log in pids.values():
-        if status[rank] not in (0, -signal.SIGKILL):
-            with open(log) as f:
-                logs[rank] = f.read()[-4000:]
-    return {"status": [status[r] for r in range(launch["world"])], "logs": logs}
+    world = launch["world"]
+    logs = [os.path.join(logdir, f"launch{index}.rank{rank}.log") for rank in range(world)]
+    with _ranks.Launch(world, logs) as job:
+        for rank in range(world):
+            job.fork(lambda rank=rank: rank_main(launch, rank, job.port))
+        status = job.wait(LAUNCH_TIMEOUT)
+        failed = {rank: job.output(rank)[-4000:] for rank in range(world) if status[rank] not in (0, -signal.SIGKILL)}
+    return {"status": status, "logs": failed}
 
 
 def main(plan_path, result_path):
