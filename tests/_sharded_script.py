@@ -37,14 +37,9 @@ import tensorlist.loops as loops  # noqa: E402
 import tensorlist.loops.sharded  # noqa: E402,F401  (imported before the fork, as everything the ranks use)
 
 import _ranks  # noqa: E402
+from _loop_script import data, run as run_loop  # noqa: E402
 
 LAUNCH_TIMEOUT = 150
-
-
-def data(n=96, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, 6, generator=g)
-    return x, (x[:, :3].sum(1) > 0).long()
 
 
 def build(fsdp=False):
@@ -107,18 +102,7 @@ def one_run(run, rank, world):
     common = dict(loss_fn=torch.nn.functional.cross_entropy, validation=[(vx, vy)], out_dir=run["out"],
                   resume=run.get("resume", False), handlers=handlers, progress=False,
                   dataset_params={"name": "toy", "n": 96}, seed=1, checkpoint_format="sharded")
-    n, mode = run["epochs"], run["mode"]
-    if mode == "simple":
-        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
-        loops.epochs(wrapped, opt, train, max_epochs=n, return_min_validation_loss_model=True, lr_scheduler=sched,
-                     validation_loss_exponential_smoothing_factor=0.7, accumulate_gradient_over_n_batches=2,
-                     **common)
-    elif mode == "swa":
-        loops.swa_epochs(wrapped, opt, train, max_epochs=n, swa_schedule=loops.CyclicSWA(0.1, 1.0, 2), **common)
-    else:
-        loops.with_swa(wrapped, opt, train, warmup_epochs=n // 2, swa_epochs=n - n // 2,
-                       learning_rate_schedule=loops.ReduceLROnPlateau(patience=1),
-                       swa_schedule=loops.ConstantSWA(0.5), return_min_validation_loss_model=True, **common)
+    run_loop(run["mode"], wrapped, opt, train, run["epochs"], **common)
 
 
 def rank_main(launch, rank, port):

@@ -287,10 +287,7 @@ def test_the_swa_loops_refuse_an_fsdp2_model_before_training(runs):
 # --- one process, no process group --------------------------------------------------------------------------
 
 def _loop(out, mode, n, *, resume=False, stop_after=None, checkpoint_format="sharded", **kw):
-    model, opt = _loop_script.build()
-    x, y = _loop_script.data()
-    vx, vy = _loop_script.data(48, seed=5)
-    train = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=16, shuffle=True)
+    model, opt, train, validation = _loop_script.toy()
     handlers = {}
     if stop_after is not None:
         done = [0]
@@ -299,18 +296,9 @@ def _loop(out, mode, n, *, resume=False, stop_after=None, checkpoint_format="sha
             done[0] += 1
             state.should_stop = done[0] >= stop_after
         handlers[loops.Events.EPOCH_COMPLETED] = stop
-    common = dict(loss_fn=F.cross_entropy, validation=[(vx, vy)], out_dir=out, resume=resume, progress=False,
-                  dataset_params={"name": "toy"}, seed=1, checkpoint_format=checkpoint_format, handlers=handlers, **kw)
-    if mode == "simple":
-        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
-        return loops.epochs(model, opt, train, max_epochs=n, return_min_validation_loss_model=True,
-                            lr_scheduler=sched, validation_loss_exponential_smoothing_factor=0.7,
-                            accumulate_gradient_over_n_batches=2, **common)
-    if mode == "swa":
-        return loops.swa_epochs(model, opt, train, max_epochs=n, swa_schedule=loops.CyclicSWA(0.1, 1.0, 2), **common)
-    return loops.with_swa(model, opt, train, warmup_epochs=n // 2, swa_epochs=n - n // 2,
-                          learning_rate_schedule=loops.ReduceLROnPlateau(patience=1),
-                          swa_schedule=loops.ConstantSWA(0.5), return_min_validation_loss_model=True, **common)
+    return _loop_script.run(mode, model, opt, train, n, loss_fn=F.cross_entropy, validation=validation, out_dir=out,
+                            resume=resume, progress=False, dataset_params={"name": "toy"}, seed=1,
+                            checkpoint_format=checkpoint_format, handlers=handlers, **kw)
 
 
 @pytest.mark.parametrize("mode,n,stop", [("simple", 4, 2), ("swa", 4, 1), ("simple_then_swa", 4, 3)])
