@@ -41,7 +41,8 @@ EXAMPLES = {
                 "torch-dcp (read only: DCP FileSystemWriter's .metadata + .distcp, the pickle never run).\n"
                 "A directory (a local one, or a URL prefix holding objects, with or without a final /), a name\n"
                 "ending with /, or a checkpoint's copy named without an extension is dcp.\n"
-                "Remote URLs (s3://, gs://, hdfs://, memory://...) work for tensorlist and lamp files and dcp;\n"
+                "Remote URLs (s3://, gs://, hdfs://, memory://...) work for tensorlist and lamp files, dcp and,\n"
+                "read only, torch-dcp;\n"
                 "S3 endpoints and credentials come from the AWS_* environment variables."),
     "diff": ("examples:\n  tensorlist diff a.tl b.tl\n  tensorlist diff model.safetensors model.tl\n"
              "  tensorlist diff --atol 1e-6 run1/final.tl run2/final.tl && echo same\n\n"

@@ -23,8 +23,9 @@ converts, and destinations are written to temporary files, fsynced and
 renamed into place when complete (``tensorlist._commit``), so a failure never
 leaves a half-written destination, whatever the format.
 Values are copied bit for bit (bfloat16, float16, float8 and NaN payloads
-included). Remote URLs (``s3://...``) work for tensorlist and lamp files,
-``file://`` URLs for every format.
+included). Remote URLs (``s3://...``) work for tensorlist and lamp files and
+checkpoint directories of both layouts (``torch-dcp`` read only), ``file://``
+URLs for every format.
 
 Every source is hostile input: each is checked as its own reader checks it
 (safetensors as strictly as safetensors), its shapes obey tensorlist's dims

@@ -26,7 +26,7 @@ metadata becomes bytes entries again), each through :class:`tensorlist.Writer`,
 then ``.metadata.json`` (checked first) through ``_commit.atomic_file``, the
 commit point; then the files of the checkpoint it replaced are deleted. A
 failure before the commit leaves the previous checkpoint in the directory as it
-was. URLs work for ``dcp`` sources and destinations.
+was. URLs work for ``dcp`` sources and destinations, and for ``torch-dcp`` sources.
 
 Imports ``dcp_read``, ``writer``, ``_commit``, ``_backends``, ``_jsonio``,
 ``_dtypes``, ``format``, ``errors``, ``formats`` and ``distcp`` (fsspec for URLs).
@@ -110,7 +110,7 @@ class DcpSource(Source):
 
 
 def open_dcp(path: str, limits: Limits = Limits()) -> DcpSource:
-    """A checkpoint of tensorlist's layout (``.metadata.json``) as a source; a local path or a URL."""
+    """A checkpoint of tensorlist's layout (``.metadata.json``) as a source; a path or a URL."""
     ckpt = read_metadata(path, limits=limits)
     shards = Shards(ckpt.path, limits=limits)
     return DcpSource(path, "dcp", ckpt, lambda fqn, off: shards.array(ckpt.storage[(fqn, off)]),
@@ -119,9 +119,7 @@ def open_dcp(path: str, limits: Limits = Limits()) -> DcpSource:
 
 
 def open_torch_dcp(path: str, limits: Limits = Limits()) -> DcpSource:
-    """A checkpoint that DCP's FileSystemWriter saved (``.metadata`` + ``.distcp``) as a source; local only."""
-    if is_remote(path):
-        raise ValueError(f"{path}: a torch-dcp checkpoint is read from a local directory; copy it first")
+    """A checkpoint that DCP's FileSystemWriter saved (``.metadata`` + ``.distcp``) as a source; a path or a URL."""
     ckpt: TorchCheckpoint = read_torch_metadata(path, limits=limits)
     return DcpSource(path, "torch-dcp", ckpt.plan, lambda fqn, off: load_chunk(ckpt, fqn, off),
                      lambda fqn: load_value(ckpt, fqn), files=sorted({r.file for r in ckpt.records.values()}))

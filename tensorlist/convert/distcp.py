@@ -34,9 +34,15 @@ as those raw bytes, never unpickled. Checkpoints saved with
 ``serialization_format=SAFETENSORS`` or with stream extensions
 (``_extensions``) are refused with a message saying so.
 
-Imports ``format``, ``errors``, ``_jsonio``, ``_dtypes``, ``dcp_read`` and
-``formats``; torch (and ``_torch_bridge``) only when a record is loaded, so
-the metadata reads without torch.
+The checkpoint directory is a local path or an fsspec URL (``s3://bucket/ck``,
+``memory://ck``): every file is reached through :class:`_Folder`, the one
+place that opens them (locally through ``format.open_regular`` and ``pread``,
+remotely through fsspec's ``size`` and ranged ``cat_file``), so both go through
+the same checks. A remote record is fetched alone, by its byte range.
+
+Imports ``format``, ``errors``, ``_jsonio``, ``_dtypes``, ``_backends``,
+``dcp_read`` and ``formats``; fsspec for URLs; torch (and ``_torch_bridge``)
+only when a record is loaded, so the metadata reads without torch.
 """
 from __future__ import annotations
 
@@ -54,8 +60,9 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from .. import _dtypes
+from .._backends import is_remote, localize
 from .._jsonio import MAX_DEPTH, dumps, to_tagged
-from ..dcp_read import (DCP_VERSION, Checkpoint, StorageEntry, TensorMeta, bytes_key, encode_value,
+from ..dcp_read import (DCP_VERSION, Checkpoint, StorageEntry, TensorMeta, bytes_key, encode_value, join,
                         metadata_document, parse_metadata, shard_name, tensor_key)
 from ..errors import FormatError
 from ..format import MAX_DIMS, Limits, open_regular, short_repr
@@ -319,6 +326,68 @@ class _Walk:
         return (fqn, offset), Record(name, start, length)
 
 
+class _Folder:
+    """The files of a checkpoint directory, a local path or an fsspec URL: the one place they are opened.
+
+    Locally each file goes through ``format.open_regular`` (a FIFO, device or
+    directory refused by name) and is read with ``pread`` on that descriptor;
+    at a URL through fsspec (``size``, and ``cat_file`` of a byte range). A
+    missing file is a FileNotFoundError either way.
+    """
+
+    def __init__(self, path: str):
+        self.path = path
+        self.fs, self.root = None, ""
+        if is_remote(path):
+            try:
+                import fsspec
+            except ImportError as e:
+                raise ImportError(f"{path}: remote URLs need fsspec: pip install 'tensorlist[remote]'") from e
+            self.fs, self.root = fsspec.core.url_to_fs(path)
+
+    def where(self, name: str) -> str:
+        """The path or URL of file ``name`` (what messages name)."""
+        return join(self.path, name)
+
+    def _key(self, name: str) -> str:
+        return posixpath.join(self.root, name) if self.root else name
+
+    def exists(self, name: str) -> bool:
+        if self.fs is None:
+            return os.path.lexists(self.where(name))
+        return bool(self.fs.exists(self._key(name)))
+
+    def size(self, name: str, what: str) -> int:
+        if self.fs is None:
+            fd = open_regular(self.where(name), what=what)
+            try:
+                return os.fstat(fd).st_size
+            finally:
+                os.close(fd)
+        return int(self.fs.size(self._key(name)))
+
+    def read(self, name: str, what: str, offset: int = 0, length: Optional[int] = None,
+             cap: Optional[int] = None) -> bytes:
+        """``length`` bytes at ``offset`` (all with None); a file larger than ``cap`` is refused unread."""
+        if self.fs is None:
+            fd = open_regular(self.where(name), what=what)
+            try:
+                size = os.fstat(fd).st_size
+                _check_cap(size, cap, self.where(name))
+                return os.pread(fd, size - offset if length is None else length, offset)
+            finally:
+                os.close(fd)
+        key = self._key(name)
+        if cap is not None:
+            _check_cap(int(self.fs.size(key)), cap, self.where(name))
+        return self.fs.cat_file(key, start=offset, end=None if length is None else offset + length)
+
+
+def _check_cap(size: int, cap: Optional[int], file: str) -> None:
+    if cap is not None and size > cap:
+        raise FormatError(f"metadata is {size} bytes, above the limit of {cap}", file=file)
+
+
 def _load_pickle(raw: bytes, file: str):
     try:
         return _Unpickler(io.BytesIO(raw)).load()
@@ -333,7 +402,7 @@ def _load_pickle(raw: bytes, file: str):
 
 
 def read_torch_metadata(path, *, limits: Limits = Limits()) -> TorchCheckpoint:
-    """Reads and checks the ``.metadata`` of a FileSystemWriter checkpoint in directory ``path`` (local).
+    """Reads and checks the ``.metadata`` of a FileSystemWriter checkpoint in directory ``path`` (a path or a URL).
 
     Raises:
         FileNotFoundError: there is no ``.metadata``.
@@ -342,15 +411,12 @@ def read_torch_metadata(path, *, limits: Limits = Limits()) -> TorchCheckpoint:
             field, or the fqn); a ``.distcp`` file is missing or shorter than a
             record the metadata places in it (naming that file).
     """
-    path = os.fspath(path)
-    file = os.path.join(path, TORCH_DCP_METADATA)
-    if not os.path.lexists(file):
+    path = localize(os.fspath(path))
+    folder = _Folder(path)
+    file = folder.where(TORCH_DCP_METADATA)
+    if not folder.exists(TORCH_DCP_METADATA):
         raise FileNotFoundError(f"{file}: no checkpoint metadata (the save never committed, or not a checkpoint)")
-    with os.fdopen(open_regular(file, what="checkpoint metadata"), "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size > limits.max_descriptor_bytes:
-            raise FormatError(f"metadata is {size} bytes, above the limit of {limits.max_descriptor_bytes}", file=file)
-        raw = f.read()
+    raw = folder.read(TORCH_DCP_METADATA, "checkpoint metadata", cap=limits.max_descriptor_bytes)
     if raw[:1] in (b"{", b" ", b"\n") and raw.lstrip()[:1] == b"{":
         raise FormatError("is JSON, not DCP's pickled metadata (tensorlist's layout names its metadata "
                           ".metadata.json)", file=file)
@@ -379,7 +445,7 @@ def read_torch_metadata(path, *, limits: Limits = Limits()) -> TorchCheckpoint:
             walk.fail(f"storage_data[{k}]", f"a second record for {key[0]!r} at offsets {_what(key[1])}")
         records[key] = rec
     plan, ranks = _plan(path, file, entries, records, md)
-    _check_ranges(path, records, plan)
+    _check_ranges(folder, records, plan)
     return TorchCheckpoint(path, file, plan, records, ranks)
 
 
@@ -438,20 +504,16 @@ def _small(value, budget: int) -> bool:
     return True
 
 
-def _check_ranges(path: str, records, plan: Checkpoint) -> None:
+def _check_ranges(folder: _Folder, records, plan: Checkpoint) -> None:
     sizes: Dict[str, int] = {}
     for (fqn, off), rec in records.items():
-        where = os.path.join(path, rec.file)
+        where = folder.where(rec.file)
         if rec.file not in sizes:
             try:
-                fd = open_regular(where, what="checkpoint data file")
+                sizes[rec.file] = folder.size(rec.file, "checkpoint data file")
             except FileNotFoundError as e:
                 raise FormatError(f"data file {rec.file!r} of the checkpoint is missing ({fqn!r} is stored there)",
                                   file=where) from e
-            try:
-                sizes[rec.file] = os.fstat(fd).st_size
-            finally:
-                os.close(fd)
         if rec.offset + rec.length > sizes[rec.file]:
             what = "the bytes value" if off is None else f"the chunk at offsets {list(off)}"
             raise FormatError(f"{fqn!r}: the metadata places {what} at bytes [{rec.offset}, {rec.offset + rec.length}),"
@@ -467,12 +529,9 @@ def _check_ranges(path: str, records, plan: Checkpoint) -> None:
 def record_bytes(ckpt: TorchCheckpoint, key) -> bytes:
     """The raw bytes of one record (a ``torch.save`` record), read at its offset."""
     rec = ckpt.records[key]
-    where = os.path.join(ckpt.path, rec.file)
-    fd = open_regular(where, what="checkpoint data file")
-    try:
-        raw = os.pread(fd, rec.length, rec.offset)
-    finally:
-        os.close(fd)
+    folder = _Folder(ckpt.path)
+    where = folder.where(rec.file)
+    raw = folder.read(rec.file, "checkpoint data file", rec.offset, rec.length)
     if len(raw) != rec.length:
         raise FormatError(f"{key[0]!r}: {len(raw)} bytes at offset {rec.offset}, the metadata says {rec.length} "
                           "(the file shrank while read)", file=where)
@@ -510,7 +569,7 @@ def load_chunk(ckpt: TorchCheckpoint, fqn: str, offsets: Tuple[int, ...]) -> np.
     from .._torch_bridge import to_numpy
 
     e = ckpt.plan.storage[(fqn, offsets)]
-    where = os.path.join(ckpt.path, ckpt.records[(fqn, offsets)].file)
+    where = join(ckpt.path, ckpt.records[(fqn, offsets)].file)
     what = f"{fqn!r}: the chunk at offsets {list(offsets)}"
     t = _torch_load(record_bytes(ckpt, (fqn, offsets)), e.byte_length + _RECORD_SLACK, where, what)
     import torch
@@ -535,7 +594,7 @@ def load_value(ckpt: TorchCheckpoint, fqn: str) -> Tuple[bytes, str]:
     a warning) and never unpickled.
     """
     raw = record_bytes(ckpt, (fqn, None))
-    where = os.path.join(ckpt.path, ckpt.records[(fqn, None)].file)
+    where = join(ckpt.path, ckpt.records[(fqn, None)].file)
     try:
         value = _torch_load(raw, expansion_cap(len(raw), None), where, f"{fqn!r}")
         return encode_value(value, fqn), "json"

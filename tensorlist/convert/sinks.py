@@ -328,7 +328,7 @@ def convert(src, dst, *, src_format: Optional[str] = None, dst_format: Optional[
     """Converts ``src`` into ``dst``, tensor by tensor, bit for bit.
 
     Args:
-        src, dst: paths (or, for tensorlist/lamp files and dcp checkpoints, fsspec URLs); checkpoint
+        src, dst: paths (or, for tensorlist/lamp files and checkpoints of both layouts, fsspec URLs); checkpoint
             directories for ``dcp`` (source and destination) and ``torch-dcp`` (source only).
         src_format, dst_format: one of ``FORMATS``; inferred from the names when None (a directory,
             a name ending with ``/``, or the name without an extension of a checkpoint's copy: ``dcp``).

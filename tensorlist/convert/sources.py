@@ -46,7 +46,7 @@ def open_source(path, fmt: Optional[str] = None, *, allow_outside: bool = False,
     and the tensor, never a stray numpy, torch or recursion error.
 
     Args:
-        path: a path (or, for tensorlist/lamp files and dcp checkpoints, an fsspec URL); a
+        path: a path (or, for tensorlist/lamp files and checkpoints of both layouts, an fsspec URL); a
             checkpoint directory for ``dcp`` and ``torch-dcp``.
         fmt: one of ``FORMATS``; inferred from the name (and the bytes) when None.
         allow_outside: trust a data file (tensorlist) or shard (Hugging Face) outside the
@@ -66,9 +66,9 @@ def open_source(path, fmt: Optional[str] = None, *, allow_outside: bool = False,
     path = localize(os.fspath(path))
     fmt = check_format(fmt or infer_format(path, for_reading=True))
     limits = Limits.of(max_tensors=max_tensors, max_total_bytes=max_total_bytes)
-    if is_remote(path) and fmt not in ("tensorlist", "lamp", "dcp"):
-        raise ValueError(f"{path}: remote URLs are supported for tensorlist and lamp files, not {fmt} (and for dcp "
-                         "checkpoint directories); copy it locally first")
+    if is_remote(path) and fmt not in ("tensorlist", "lamp", "dcp", "torch-dcp"):
+        raise ValueError(f"{path}: remote URLs are supported for tensorlist and lamp files, not {fmt} (and for "
+                         "checkpoint directories, dcp and torch-dcp); copy it locally first")
     if fmt in ("tensorlist", "lamp"):
         src = _open_tensorlist(path, fmt, allow_outside, pointer, limits)
     elif pointer is not None:
