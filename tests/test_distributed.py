@@ -1,8 +1,6 @@
 """Data-parallel training with two real CPU processes (gloo over loopback TCP)."""
 import json
 import os
-import socket
-import subprocess
 import sys
 
 import pytest
@@ -15,21 +13,15 @@ from tensorlist.record import verify_model_file
 SCRIPT = os.path.join(os.path.dirname(__file__), "_ddp_script.py")
 sys.path.insert(0, os.path.dirname(__file__))
 import _ddp_script  # noqa: E402
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
+import _ranks  # noqa: E402
 
 def _two_ranks(out, epochs, *extra):
-    port = _free_port()
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, SCRIPT, str(r), "2", str(port), str(out), str(epochs), *extra],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for r in range(2)]
-    outs = [p.communicate(timeout=180) for p in procs]
-    for p, (_, err) in zip(procs, outs):
-        assert p.returncode == 0, err
+    with _ranks.Launch(2) as job:
+        for r in range(2):
+            job.spawn([sys.executable, SCRIPT, str(r), "2", str(job.port), str(out), str(epochs), *extra], env)
+        for r, code in enumerate(job.wait(180)):
+            assert code == 0, f"rank {r} ended with {code}:\n{job.output(r)[-4000:]}"
 
 
 def test_two_process_ddp_matches_one_process_and_resumes_on_one_and_on_two(tmp_path):
