@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Callable, Dict
 
-__all__ = ["is_url", "is_remote", "local_path", "localize", "register", "dispatch"]
+__all__ = ["is_url", "is_remote", "local_path", "localize", "filesystem", "register", "dispatch"]
 
 # RFC 3986 scheme, then "://": "s3://b/k", "memory://x", "file:///tmp/x". A
 # Windows drive ("C:\\x") has no "//", a relative path no scheme.
@@ -56,6 +56,26 @@ def localize(path):
 def is_remote(path) -> bool:
     """A URL that a registered backend serves (any scheme but ``file``)."""
     return is_url(path) and local_path(path) is None
+
+
+def filesystem(url: str, storage_options: "dict | None" = None):
+    """``(fsspec filesystem, path inside it)`` for a URL: the one place an address becomes a filesystem.
+
+    fsspec is imported here, on first use, so that local files never need it.
+
+    Raises:
+        ImportError: fsspec, or the package serving the URL's scheme (s3fs,
+            gcsfs...), is missing; the message names the URL.
+        ValueError: fsspec cannot make sense of the URL.
+    """
+    try:
+        import fsspec
+    except ImportError as e:
+        raise ImportError(f"{url}: remote URLs need fsspec: pip install 'tensorlist[remote]'") from e
+    try:
+        return fsspec.core.url_to_fs(url, **(storage_options or {}))
+    except ImportError as e:
+        raise ImportError(f"{url}: {e}") from None
 
 
 def register(operation: str, handler: Callable) -> None:

@@ -87,12 +87,6 @@ class _ShardFile:
     save_id: str
 
 
-def _fs(url: str):
-    import fsspec
-
-    return fsspec.core.url_to_fs(url)
-
-
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
@@ -200,7 +194,7 @@ class TensorListWriter(_CheckpointPath, StorageWriter, BlockingAsyncStager):
     def _exists(self, name: str) -> bool:
         target = join(self.path, name)
         if _backends.is_remote(self.path):
-            fs, p = _fs(target)
+            fs, p = _backends.filesystem(target)
             return fs.exists(p)
         return os.path.lexists(target)
 
@@ -280,7 +274,7 @@ class TensorListWriter(_CheckpointPath, StorageWriter, BlockingAsyncStager):
         parse_metadata(doc, file=target, path=self.path)  # never commit what a reader would refuse
         text = (dumps(doc) + "\n").encode("utf-8")
         if _backends.is_remote(self.path):
-            fs, p = _fs(target)
+            fs, p = _backends.filesystem(target)
             fs.pipe_file(p, text)  # an object store's put is atomic
         else:
             with atomic_file(_backends.localize(target), durable=self.durable) as tmp:
@@ -297,7 +291,7 @@ class TensorListWriter(_CheckpointPath, StorageWriter, BlockingAsyncStager):
         this writer's next save) joins the thread; the interpreter does at exit.
         """
         if _backends.is_remote(self.path):
-            fs, p = _fs(join(self.path, METADATA_NAME))
+            fs, p = _backends.filesystem(join(self.path, METADATA_NAME))
             folder = p.rsplit("/", 1)[0] if "/" in p else ""
             names = [n.rsplit("/", 1)[-1] for n in fs.ls(folder, detail=False)]
             remove = lambda n: fs.rm_file(f"{folder}/{n}" if folder else n)  # noqa: E731

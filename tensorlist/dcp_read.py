@@ -190,14 +190,6 @@ def join(path, name: str) -> str:
     return os.path.join(_backends.localize(path), name)
 
 
-def _fs(url: str):
-    try:
-        import fsspec
-    except ImportError as e:
-        raise ImportError(f"{url}: remote URLs need fsspec: pip install 'tensorlist[remote]'") from e
-    return fsspec.core.url_to_fs(url)
-
-
 # --- values ------------------------------------------------------------------------
 
 def encode_value(value: Any, fqn: str) -> bytes:
@@ -562,7 +554,7 @@ def read_metadata(path, *, limits: Limits = Limits(), schema: bool = False) -> C
     path = os.fspath(path)
     file = join(path, METADATA_NAME)
     if _backends.is_remote(path):
-        fs, fpath = _fs(file)
+        fs, fpath = _backends.filesystem(file)
         if not fs.exists(fpath):
             raise FileNotFoundError(f"{file}: no checkpoint metadata (the save never committed, or not a checkpoint)")
         size = fs.size(fpath)

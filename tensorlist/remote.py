@@ -70,13 +70,7 @@ class RemoteError(TensorListError, OSError):
 
 def _filesystem(url: str, storage_options: Optional[dict]):
     try:
-        import fsspec
-    except ImportError as e:
-        raise ImportError(f"{url}: remote URLs need fsspec: pip install 'tensorlist[remote]'") from e
-    try:
-        return fsspec.core.url_to_fs(url, **(storage_options or {}))
-    except ImportError as e:
-        raise ImportError(f"{url}: {e}") from None
+        return _backends.filesystem(url, storage_options)
     except ValueError as e:
         raise RemoteError(f"{url}: {e}") from None
 

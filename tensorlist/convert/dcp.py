@@ -41,7 +41,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from .. import _dtypes
-from .._backends import is_remote, localize
+from .._backends import filesystem, is_remote, localize
 from .._commit import atomic_file
 from .._jsonio import dumps, from_tagged, loads_strict
 from ..dcp_read import (DCP_VERSION, METADATA_NAME, Checkpoint, Shards, StorageEntry, TensorMeta, assemble,
@@ -185,9 +185,7 @@ def _from_tensors(src: Source, save_id: str):
 def _folder(dst: str):
     """(names in the destination directory, a function removing one)."""
     if is_remote(dst):
-        import fsspec
-
-        fs, root = fsspec.core.url_to_fs(dst)
+        fs, root = filesystem(dst)
         root = root.rstrip("/")
         names = [n.rsplit("/", 1)[-1] for n in fs.ls(root, detail=False)] if fs.exists(root) else []
         return names, (lambda n: fs.rm_file(f"{root}/{n}"))
@@ -211,9 +209,7 @@ def _commit_metadata(dst: str, doc: dict, durable: bool) -> None:
     text = (dumps(doc) + "\n").encode("utf-8")
     target = join(dst, METADATA_NAME)
     if is_remote(dst):
-        import fsspec
-
-        fs, p = fsspec.core.url_to_fs(target)
+        fs, p = filesystem(target)
         fs.pipe_file(p, text)  # an object store's put is atomic
         return
     with atomic_file(target, durable=durable) as tmp:

@@ -55,12 +55,12 @@ import re
 import warnings
 import zipfile
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
 from .. import _dtypes
-from .._backends import is_remote, localize
+from .._backends import filesystem, is_remote, localize
 from .._jsonio import MAX_DEPTH, dumps, to_tagged
 from ..dcp_read import (DCP_VERSION, Checkpoint, StorageEntry, TensorMeta, bytes_key, encode_value, join,
                         metadata_document, parse_metadata, shard_name, tensor_key)
@@ -339,11 +339,7 @@ class _Folder:
         self.path = path
         self.fs, self.root = None, ""
         if is_remote(path):
-            try:
-                import fsspec
-            except ImportError as e:
-                raise ImportError(f"{path}: remote URLs need fsspec: pip install 'tensorlist[remote]'") from e
-            self.fs, self.root = fsspec.core.url_to_fs(path)
+            self.fs, self.root = filesystem(path)
 
     def where(self, name: str) -> str:
         """The path or URL of file ``name`` (what messages name)."""

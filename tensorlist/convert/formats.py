@@ -20,7 +20,7 @@ from typing import Any, Callable, List, Optional, Tuple
 import numpy as np
 
 from .. import _dtypes
-from .._backends import is_remote, localize
+from .._backends import filesystem, is_remote, localize
 from ..dcp_read import METADATA_NAME, join
 from ..errors import FormatError
 from ..format import Limits, dims_problem, open_regular, shape_nbytes
@@ -160,9 +160,7 @@ def is_directory(path) -> bool:
     if not is_remote(name):
         return os.path.isdir(localize(name))
     try:
-        import fsspec
-
-        fs, p = fsspec.core.url_to_fs(name)
+        fs, p = filesystem(name)
         return bool(fs.isdir(p))
     except Exception:  # ImportError, or anything a storage backend raises: the reader reports it
         return False
@@ -171,9 +169,7 @@ def is_directory(path) -> bool:
 def _holds(path: str, name: str) -> bool:
     """Whether the directory ``path`` (local or a URL) holds an entry ``name``."""
     if is_remote(path):
-        import fsspec
-
-        fs, p = fsspec.core.url_to_fs(join(path, name))
+        fs, p = filesystem(join(path, name))
         return bool(fs.exists(p))
     return os.path.lexists(os.path.join(localize(path), name))
 
