@@ -187,28 +187,31 @@ def _copy_chunks(r, chunks: List[Chunk], flat: Dict[int, torch.Tensor], crcs: Di
     done: List[Optional[torch.cuda.Event]] = [None] * len(bufs)
     if cuda:  # the destinations were allocated on the current stream
         stream.wait_stream(torch.cuda.current_stream(device))
-    with torch.no_grad():
-        for k, chunk in enumerate(chunks):
-            slot = k % len(bufs)
-            if done[slot] is not None:
-                done[slot].synchronize()  # the copies out of this buffer have finished
-            host = hosts[slot][:chunk.length]
-            r.readinto(host, chunk.start)
-            for p in chunk.pieces:
-                if p.index in crcs:
-                    crcs[p.index] = _lowlevel.crc32c(host[p.src:p.src + p.length], crcs[p.index])
-            src = bufs[slot]
-            if cuda:
-                with torch.cuda.stream(stream):
+    try:
+        with torch.no_grad():
+            for k, chunk in enumerate(chunks):
+                slot = k % len(bufs)
+                if done[slot] is not None:
+                    done[slot].synchronize()  # the copies out of this buffer have finished
+                host = hosts[slot][:chunk.length]
+                r.readinto(host, chunk.start)
+                src = bufs[slot]
+                if cuda:
+                    with torch.cuda.stream(stream):
+                        for p in chunk.pieces:
+                            flat[p.index][p.dst:p.dst + p.length].copy_(src[p.src:p.src + p.length],
+                                                                         non_blocking=True)
+                        done[slot] = torch.cuda.Event()
+                        done[slot].record(stream)
+                else:
                     for p in chunk.pieces:
-                        flat[p.index][p.dst:p.dst + p.length].copy_(src[p.src:p.src + p.length], non_blocking=True)
-                    done[slot] = torch.cuda.Event()
-                    done[slot].record(stream)
-            else:
-                for p in chunk.pieces:
-                    flat[p.index][p.dst:p.dst + p.length].copy_(src[p.src:p.src + p.length])
-    if cuda:
-        stream.synchronize()  # the tensors are complete when load returns, as with every other loader
+                        flat[p.index][p.dst:p.dst + p.length].copy_(src[p.src:p.src + p.length])
+                for p in chunk.pieces:  # while the copies run: they only read the buffer
+                    if p.index in crcs:
+                        crcs[p.index] = _lowlevel.crc32c(host[p.src:p.src + p.length], crcs[p.index])
+    finally:
+        if cuda:  # complete when load returns (or raises): no copy outlives its buffer or its caller
+            stream.synchronize()
 
 
 def load(path, device, *, pointer: Optional[str] = None, mmap: bool = True, verify: bool = False,
