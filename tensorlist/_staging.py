@@ -97,8 +97,16 @@ def _staging_buffers(count: int, nbytes: int, pinned: bool) -> List[torch.Tensor
 
 
 def _usable(device, path) -> torch.device:
-    """``device`` as a torch.device with its index, or a RuntimeError naming the file when torch cannot use it."""
-    device = torch.device(device)
+    """``device`` as a torch.device with its index; an error naming the file when torch cannot use it.
+
+    Raises:
+        ValueError: ``device`` names no torch device.
+        RuntimeError: a CUDA device this torch cannot use.
+    """
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"{path}: {device!r} is not a torch device: {e}") from None
     if device.type != "cuda":
         return device
     if not torch.cuda.is_available():
@@ -223,7 +231,7 @@ def load(path, device, *, pointer: Optional[str] = None, mmap: bool = True, veri
     or with ``mmap=False`` live in one private, writable read. On any other
     device the list goes through the staging ring of :func:`load_into_device`.
     """
-    device = torch.device(device)
+    device = _usable(device, path)
     if device.type == "cpu":
         arrays = reader.load(path, pointer=pointer, mmap=mmap, verify=verify, **reader_options)
         return {k: from_numpy(a) for k, a in arrays.items()}

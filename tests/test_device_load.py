@@ -9,6 +9,8 @@ readers. The CUDA cases (pinned buffers, the side stream) are in
 ``TestCuda`` and skip, with the reason, where there is no CUDA device.
 """
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -273,8 +275,23 @@ def test_load_with_a_device_gives_torch_tensors(saved):
     assert out["big"].numpy().flags.writeable  # mmap=False: private, writable memory
     assert tl.load(path, device=torch.device("cpu"))["bool"].dtype == torch.bool
     assert isinstance(tl.load(path)["big"], np.ndarray)  # no device: numpy, as always
-    with pytest.raises(RuntimeError):
-        tl.load(path, device="no-such-device")
+    for bad in ("no-such-device", 3.5, "cuda:x"):
+        with pytest.raises(ValueError, match=r"m.tl: .* is not a torch device"):
+            tl.load(path, device=bad)
+
+
+def test_a_device_without_torch_is_a_clear_import_error(saved):
+    path, _ = saved
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "import tensorlist as tl\n"
+            f"assert tl.load({path!r})['big'].shape == (257, 33)\n"  # numpy needs no torch
+            "try:\n"
+            f"    tl.load({path!r}, device='cpu')\n"
+            "except ImportError as e:\n"
+            "    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "m.tl: loading onto a device needs torch" in out.stdout
 
 
 def test_module_state_through_the_staging(tmp_path, monkeypatch):
