@@ -40,7 +40,7 @@ import statistics
 import sys
 import tempfile
 import time
-from typing import Callable, Dict, List
+from typing import Dict, List
 
 try:  # run from a checkout without installing: python bench/bench_gpu_load.py
     import tensorlist

@@ -25,8 +25,7 @@ from .errors import ChecksumError, FormatError
 from .format import ListDescriptor, TensorInfo, check_data_path, check_data_size, open_regular
 
 __all__ = ["DataFile", "ListData", "open_list", "open_consistently", "check_crcs", "bytes_view", "region_target",
-           "writable_bytes",
-           "views"]
+           "first_tensor_in", "writable_bytes", "views"]
 
 #: How often a reader re-reads a descriptor that a concurrent save keeps replacing.
 MAX_REREADS = 100
@@ -109,8 +108,7 @@ class DataFile:
         except EOFError as e:
             size = os.fstat(self.fd).st_size
             if index is None:
-                index = next((i for i, (o, ln) in enumerate(zip(desc.tensors.offsets, desc.tensors.lengths))
-                              if ln and desc.byte_offset + o + ln > size), None)
+                index = first_tensor_in(desc, max(start, size), start + n)
             t = desc.tensors[index] if index is not None else None
             raise FormatError(f"data file {self.path!r} was truncated while reading ({size} bytes left, "
                               f"{start + n} needed)", file=desc.file, tensor_index=index,
@@ -317,6 +315,13 @@ def region_target(desc: ListDescriptor, buf, offset) -> Tuple[np.ndarray, int]:
     if offset < 0 or offset + len(dst) > desc.byte_length:
         raise ValueError(f"bytes [{offset}, {offset + len(dst)}) lie outside the list's {desc.byte_length}-byte region")
     return dst, desc.byte_offset + offset
+
+
+def first_tensor_in(desc: ListDescriptor, start: int, end: int) -> Optional[int]:
+    """The first tensor (in file order) with bytes in data-file bytes ``[start, end)``, for errors; or None."""
+    base, table = desc.byte_offset, desc.tensors
+    return next((i for i, (o, ln) in enumerate(zip(table.offsets, table.lengths))
+                 if ln and start < base + o + ln and base + o < end), None)
 
 
 def writable_bytes(buf) -> np.ndarray:

@@ -17,7 +17,6 @@ import numpy as np
 from . import _backends
 from ._datafile import ListData, open_consistently
 from ._jsonio import resolve_pointer, set_at_pointer
-from .errors import FormatError
 from .format import Limits, ListDescriptor, TensorInfo, find_tensor_lists, parse_list, read_json_file, select_list
 
 __all__ = ["Reader", "open", "load", "load_document"]

@@ -45,7 +45,7 @@ import numpy as np
 from . import _backends, _lowlevel, reader, schema, writer
 from ._backends import is_url
 from ._commit import own_locations
-from ._datafile import check_crcs, region_target
+from ._datafile import check_crcs, first_tensor_in, region_target
 from ._items import (Item, WriterBase, align, check_alignment, check_metadata, descriptor, descriptor_text,
                      fast_descriptor_text, layout, prepare, tensor_entries)
 from ._jsonio import dumps, set_at_pointer
@@ -252,15 +252,10 @@ class RemoteReader(TensorMapping):
             raise ValueError("I/O operation on a closed Reader")
         desc = self.descriptor
         dst, start = region_target(desc, buffer, offset)
-        table = desc.tensors
         starts = list(range(start, start + len(dst), READINTO_PART))
         ends = [min(s + READINTO_PART, start + len(dst)) for s in starts]
-
-        def first_tensor(k):  # the first tensor with bytes in range k, for errors
-            return next((i for i, (o, ln) in enumerate(zip(table.offsets, table.lengths))
-                         if ln and starts[k] < desc.byte_offset + o + ln and desc.byte_offset + o < ends[k]), None)
-
-        for s, b in zip(starts, self._read_ranges(starts, ends, first_tensor)):
+        blobs = self._read_ranges(starts, ends, lambda k: first_tensor_in(desc, starts[k], ends[k]))
+        for s, b in zip(starts, blobs):
             dst[s - start:s - start + len(b)] = np.frombuffer(b, np.uint8)
 
     def _size_now(self) -> Optional[int]:

@@ -9,7 +9,6 @@ refusals quickly.
 """
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
