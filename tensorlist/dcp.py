@@ -16,8 +16,8 @@ What changes is the storage (docs/FORMAT.md, "Distributed checkpoints (DCP)"):
   unless the caller opts in with ``allow_pickle=True``;
 - the coordinator writes the global metadata last, as JSON
   (``.metadata.json``, checked against ``schemas/dcp-metadata.schema.json``
-  before it is written and when read), with ``_commit.atomic_file``: that
-  rename is the commit point. Every save draws a fresh ``saveId``, so a save
+  before it is written and when read), with ``dcp_read.commit_metadata``:
+  that rename (or put) is the commit point. Every save draws a fresh ``saveId``, so a save
   killed before its commit leaves the previous checkpoint in the same
   directory intact; the next committed save deletes what older saves left.
 
@@ -25,7 +25,7 @@ Checkpoints are read without torch too: :func:`read_full` and
 :func:`validate_checkpoint` come from :mod:`tensorlist.dcp_read`.
 
 Imports torch (an adapter), ``dcp_read``, ``writer``, ``format``,
-``_torch_bridge``, ``_commit``, ``_backends``, ``_jsonio``, ``_dtypes`` and
+``_torch_bridge``, ``_backends``, ``_jsonio``, ``_dtypes`` and
 ``errors`` (fsspec for URLs). Only ``loops.sharded`` imports it (lazily, for sharded checkpoints).
 
 Example:
@@ -63,12 +63,11 @@ from torch.distributed.tensor import DTensor
 from torch.futures import Future
 
 from . import _backends, _dtypes
-from ._commit import atomic_file
 from ._jsonio import dumps, from_tagged, to_tagged
 from ._torch_bridge import from_numpy, to_numpy, torch_dtype
 from .dcp_read import (DCP_VERSION, METADATA_NAME, Checkpoint, Shards, StorageEntry, TensorMeta, bytes_key,
-                       encode_value, is_save_file, join, metadata_document, parse_metadata, read_full, read_metadata,
-                       shard_name, tensor_key, validate_checkpoint)
+                       commit_metadata, encode_value, is_save_file, join, listing, metadata_document, parse_metadata,
+                       read_full, read_metadata, shard_name, tensor_key, validate_checkpoint)
 from .errors import FormatError
 from .format import Limits
 from .writer import save
@@ -270,16 +269,8 @@ class TensorListWriter(_CheckpointPath, StorageWriter, BlockingAsyncStager):
         doc = metadata_document(save_id=self.save_id, dcp_version=DCP_VERSION, entries=entries, storage=storage,
                                 planner_data=_planner_json(metadata.planner_data),
                                 storage_meta={"checkpointId": self.path, "saveId": self.save_id, "modules": modules})
-        target = join(self.path, METADATA_NAME)
-        parse_metadata(doc, file=target, path=self.path)  # never commit what a reader would refuse
-        text = (dumps(doc) + "\n").encode("utf-8")
-        if _backends.is_remote(self.path):
-            fs, p = _backends.filesystem(target)
-            fs.pipe_file(p, text)  # an object store's put is atomic
-        else:
-            with atomic_file(_backends.localize(target), durable=self.durable) as tmp:
-                with open(tmp, "wb") as f:
-                    f.write(text)
+        parse_metadata(doc, file=join(self.path, METADATA_NAME), path=self.path)  # never commit what a reader refuses
+        commit_metadata(self.path, doc, durable=self.durable)
         self._sweep()
 
     def _sweep(self) -> None:
@@ -290,15 +281,7 @@ class TensorListWriter(_CheckpointPath, StorageWriter, BlockingAsyncStager):
         files, so :meth:`dcp.save` returns without waiting. :meth:`wait` (and
         this writer's next save) joins the thread; the interpreter does at exit.
         """
-        if _backends.is_remote(self.path):
-            fs, p = _backends.filesystem(join(self.path, METADATA_NAME))
-            folder = p.rsplit("/", 1)[0] if "/" in p else ""
-            names = [n.rsplit("/", 1)[-1] for n in fs.ls(folder, detail=False)]
-            remove = lambda n: fs.rm_file(f"{folder}/{n}" if folder else n)  # noqa: E731
-        else:
-            folder = _backends.localize(self.path)
-            names = os.listdir(folder)
-            remove = lambda n: os.unlink(os.path.join(folder, n))  # noqa: E731
+        names, remove = listing(self.path)
         # the list is taken now: a file a later save creates is never in it
         doomed = [n for n in names if is_save_file(n) not in (None, self.save_id)]
         if doomed:

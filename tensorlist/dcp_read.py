@@ -29,8 +29,8 @@ this order and stop at the first failure; each ``FormatError`` names the file
    FORMAT.md 2.3: a truncated data file is refused) and holds the named
    tensor with the chunk's dtype and shape (uint8 ``[byteLength]`` for bytes).
 
-Imports ``format``, ``reader``, ``schema``, ``_jsonio``, ``_dtypes``,
-``_backends``, ``errors`` and numpy (jsonschema for :func:`schema_check`,
+Imports ``format``, ``reader``, ``schema``, ``_commit`` (the metadata's
+atomic commit), ``_jsonio``, ``_dtypes``, ``_backends``, ``errors`` and numpy (jsonschema for :func:`schema_check`,
 fsspec only for URLs); never torch, so it works where torch is not installed.
 :mod:`tensorlist.dcp` (the torch adapter) builds on it and re-exports
 :func:`read_full` and :func:`validate_checkpoint`.
@@ -42,11 +42,12 @@ import os
 import posixpath
 import re
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from . import _backends, _dtypes
+from ._commit import atomic_file
 from ._jsonio import dumps, from_tagged, loads_strict, to_tagged
 from .errors import FormatError
 from .format import Limits, read_json_bytes, read_json_file, short_repr
@@ -56,7 +57,7 @@ from .schema import schema_validator
 __all__ = ["METADATA_NAME", "FORMAT_NAME", "DCP_FORMAT_VERSION", "SCHEMA", "TensorMeta", "StorageEntry",
            "Checkpoint", "Shards", "metadata_document", "parse_metadata", "read_metadata", "validate_checkpoint",
            "read_full", "check_shape", "schema_check", "encode_value", "decode_value", "shard_name", "tensor_key",
-           "bytes_key", "join", "is_save_file", "assemble", "DCP_VERSION"]
+           "bytes_key", "join", "is_save_file", "commit_metadata", "listing", "assemble", "DCP_VERSION"]
 
 #: The global metadata's file name in the checkpoint directory (DCP's own is ``.metadata``, a pickle).
 METADATA_NAME = ".metadata.json"
@@ -188,6 +189,40 @@ def join(path, name: str) -> str:
     if _backends.is_remote(path):
         return posixpath.join(path.rstrip("/") + "/", name) if path.rstrip("/") else name
     return os.path.join(_backends.localize(path), name)
+
+
+def commit_metadata(path, doc: dict, *, durable: bool = True) -> None:
+    """Writes ``doc`` as the checkpoint's ``.metadata.json``: the commit point of every save of this layout.
+
+    At a URL it is one put (an object store's put is atomic); locally it goes
+    through ``_commit.atomic_file`` (temporary name, fsync, rename, directory
+    fsync), so a reader sees the old metadata or the new, never a part.
+    """
+    text = (dumps(doc) + "\n").encode("utf-8")
+    target = join(path, METADATA_NAME)
+    if _backends.is_remote(path):
+        fs, p = _backends.filesystem(target)
+        fs.pipe_file(p, text)
+        return
+    with atomic_file(target, durable=durable) as tmp:
+        with open(tmp, "wb") as f:
+            f.write(text)
+
+
+def listing(path) -> Tuple[List[str], Callable[[str], None]]:
+    """The file names in checkpoint directory ``path`` and a function removing one by name.
+
+    A URL prefix holding nothing lists as empty; a missing local directory is
+    a FileNotFoundError.
+    """
+    path = os.fspath(path)
+    if _backends.is_remote(path):
+        fs, root = _backends.filesystem(path)
+        root = root.rstrip("/")
+        names = [n.rsplit("/", 1)[-1] for n in fs.ls(root, detail=False)] if fs.exists(root) else []
+        return names, (lambda n: fs.rm_file(f"{root}/{n}" if root else n))
+    folder = _backends.localize(path)
+    return os.listdir(folder), (lambda n: os.unlink(os.path.join(folder, n)))
 
 
 # --- values ------------------------------------------------------------------------

@@ -237,7 +237,7 @@ def test_a_failed_conversion_leaves_the_previous_checkpoint(ckpt, tmp_path, monk
 
     def boom(*args, **kwargs):
         raise OSError("disk full (simulated)")
-    monkeypatch.setattr(cdcp, "_commit_metadata", boom)
+    monkeypatch.setattr(cdcp, "commit_metadata", boom)
     with pytest.raises(OSError, match="simulated"):
         convert(ckpt, dst, progress=False)
     assert sorted(os.listdir(dst)) == before  # the new save's shards removed, the old checkpoint whole

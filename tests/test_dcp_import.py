@@ -419,7 +419,7 @@ def test_a_save_to_s3_stages_nothing_on_local_disk(s3_prefix, monkeypatch):
     """
     import types
 
-    import tensorlist.dcp as tdcp
+    import tensorlist.dcp_read as dcp_read
     import tensorlist.remote as remote
     import tensorlist.writer as writer
 
@@ -427,7 +427,7 @@ def test_a_save_to_s3_stages_nothing_on_local_disk(s3_prefix, monkeypatch):
         raise AssertionError("a save to a URL wrote a local file")
     monkeypatch.setattr(writer, "Commit", refuse)
     monkeypatch.setattr(writer, "atomic_file", refuse)
-    monkeypatch.setattr(tdcp, "atomic_file", refuse)
+    monkeypatch.setattr(dcp_read, "atomic_file", refuse)  # the metadata's local commit
     monkeypatch.setattr(remote, "tempfile", types.SimpleNamespace(mkdtemp=refuse, mkstemp=refuse))
     url = f"{s3_prefix}/big"
     sd = {"w": torch.randn(1024, 1024), "b": torch.arange(1000), "step": 3}

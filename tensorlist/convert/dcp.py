@@ -23,12 +23,12 @@ The ``dcp`` destination (:func:`write_dcp`) writes the layout as
 one shard per source shard (the chunks kept as they were; any other source
 becomes one shard holding each tensor as one chunk, and its ``dcpValues``
 metadata becomes bytes entries again), each through :class:`tensorlist.Writer`,
-then ``.metadata.json`` (checked first) through ``_commit.atomic_file``, the
-commit point; then the files of the checkpoint it replaced are deleted. A
+then ``.metadata.json`` (checked first) through ``dcp_read.commit_metadata``,
+the commit point; then the files of the checkpoint it replaced are deleted. A
 failure before the commit leaves the previous checkpoint in the directory as it
 was. URLs work for ``dcp`` sources and destinations, and for ``torch-dcp`` sources.
 
-Imports ``dcp_read``, ``writer``, ``_commit``, ``_backends``, ``_jsonio``,
+Imports ``dcp_read``, ``writer``, ``_backends``, ``_jsonio``,
 ``_dtypes``, ``format``, ``errors``, ``formats`` and ``distcp`` (fsspec for URLs).
 """
 from __future__ import annotations
@@ -41,12 +41,11 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from .. import _dtypes
-from .._backends import filesystem, is_remote, localize
-from .._commit import atomic_file
-from .._jsonio import dumps, from_tagged, loads_strict
+from .._backends import is_remote, localize
+from .._jsonio import from_tagged, loads_strict
 from ..dcp_read import (DCP_VERSION, METADATA_NAME, Checkpoint, Shards, StorageEntry, TensorMeta, assemble,
-                        bytes_key, encode_value, is_save_file, join, metadata_document, parse_metadata, read_metadata,
-                        shard_name, tensor_key)
+                        bytes_key, commit_metadata, encode_value, is_save_file, join, listing, metadata_document,
+                        parse_metadata, read_metadata, shard_name, tensor_key)
 from ..format import Limits, short_repr
 from ..writer import Writer
 from .distcp import TorchCheckpoint, load_chunk, load_value, read_torch_metadata
@@ -182,19 +181,9 @@ def _from_tensors(src: Source, save_id: str):
     return {file: items}, entries, storage, None, DCP_VERSION, []
 
 
-def _folder(dst: str):
-    """(names in the destination directory, a function removing one)."""
-    if is_remote(dst):
-        fs, root = filesystem(dst)
-        root = root.rstrip("/")
-        names = [n.rsplit("/", 1)[-1] for n in fs.ls(root, detail=False)] if fs.exists(root) else []
-        return names, (lambda n: fs.rm_file(f"{root}/{n}"))
-    return os.listdir(dst), (lambda n: os.unlink(os.path.join(dst, n)))
-
-
 def _remove(dst: str, doomed: Callable[[str], bool]) -> None:
     try:
-        names, remove = _folder(dst)
+        names, remove = listing(dst)
     except OSError:
         return
     for n in names:
@@ -203,18 +192,6 @@ def _remove(dst: str, doomed: Callable[[str], bool]) -> None:
                 remove(n)
             except OSError:
                 pass  # gone already: a later save tries again
-
-
-def _commit_metadata(dst: str, doc: dict, durable: bool) -> None:
-    text = (dumps(doc) + "\n").encode("utf-8")
-    target = join(dst, METADATA_NAME)
-    if is_remote(dst):
-        fs, p = filesystem(target)
-        fs.pipe_file(p, text)  # an object store's put is atomic
-        return
-    with atomic_file(target, durable=durable) as tmp:
-        with open(tmp, "wb") as f:
-            f.write(text)
 
 
 def write_dcp(src: Source, dst: str, bar, durable: bool, options: dict) -> None:
@@ -249,7 +226,7 @@ def write_dcp(src: Source, dst: str, bar, durable: bool, options: dict) -> None:
                 for tensor, get, nbytes in items:
                     w.add(tensor, get())
                     bar.update(nbytes)
-        _commit_metadata(dst, doc, durable)
+        commit_metadata(dst, doc, durable=durable)
     except BaseException:
         _remove(dst, lambda n: is_save_file(n) == save_id)
         raise
