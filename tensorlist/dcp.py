@@ -66,8 +66,8 @@ from . import _backends, _dtypes
 from ._jsonio import dumps, from_tagged, to_tagged
 from ._torch_bridge import from_numpy, to_numpy, torch_dtype
 from .dcp_read import (DCP_VERSION, METADATA_NAME, Checkpoint, Shards, StorageEntry, TensorMeta, bytes_key,
-                       commit_metadata, encode_value, is_save_file, join, listing, metadata_document, parse_metadata,
-                       read_full, read_metadata, shard_name, tensor_key, validate_checkpoint)
+                       commit_metadata, encode_value, holds, is_save_file, join, listing, metadata_document,
+                       parse_metadata, read_full, read_metadata, shard_name, tensor_key, validate_checkpoint)
 from .errors import FormatError
 from .format import Limits
 from .writer import save
@@ -190,18 +190,11 @@ class TensorListWriter(_CheckpointPath, StorageWriter, BlockingAsyncStager):
         self.is_coordinator = is_coordinator
         self.rank = int(kwargs.get("rank") or 0)
 
-    def _exists(self, name: str) -> bool:
-        target = join(self.path, name)
-        if _backends.is_remote(self.path):
-            fs, p = _backends.filesystem(target)
-            return fs.exists(p)
-        return os.path.lexists(target)
-
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         self.wait()
         if not _backends.is_remote(self.path):
             os.makedirs(_backends.localize(self.path), exist_ok=True)
-        if not self.overwrite and self._exists(METADATA_NAME):
+        if not self.overwrite and holds(self.path, METADATA_NAME):
             raise RuntimeError(f"{join(self.path, METADATA_NAME)}: a checkpoint exists and overwrite=False")
         return plan
 

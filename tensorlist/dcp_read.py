@@ -57,7 +57,7 @@ from .schema import schema_validator
 __all__ = ["METADATA_NAME", "FORMAT_NAME", "DCP_FORMAT_VERSION", "SCHEMA", "TensorMeta", "StorageEntry",
            "Checkpoint", "Shards", "metadata_document", "parse_metadata", "read_metadata", "validate_checkpoint",
            "read_full", "check_shape", "schema_check", "encode_value", "decode_value", "shard_name", "tensor_key",
-           "bytes_key", "join", "is_save_file", "commit_metadata", "listing", "assemble", "DCP_VERSION"]
+           "bytes_key", "join", "is_save_file", "holds", "commit_metadata", "listing", "assemble", "DCP_VERSION"]
 
 #: The global metadata's file name in the checkpoint directory (DCP's own is ``.metadata``, a pickle).
 METADATA_NAME = ".metadata.json"
@@ -189,6 +189,15 @@ def join(path, name: str) -> str:
     if _backends.is_remote(path):
         return posixpath.join(path.rstrip("/") + "/", name) if path.rstrip("/") else name
     return os.path.join(_backends.localize(path), name)
+
+
+def holds(path, name: str) -> bool:
+    """Whether the checkpoint directory ``path`` (a local path or a URL) holds an entry ``name``."""
+    target = join(path, name)
+    if _backends.is_remote(os.fspath(path)):
+        fs, p = _backends.filesystem(target)
+        return bool(fs.exists(p))
+    return os.path.lexists(target)
 
 
 def commit_metadata(path, doc: dict, *, durable: bool = True) -> None:

@@ -5,7 +5,7 @@ A :class:`Source` (built by ``sources``) is the tensors of a file as lazy
 source's shapes obey tensorlist's own rules (:func:`check_shape`) and every
 conversion the readers' limits (:func:`check_limits`: ``max_tensors``, and a
 cap on what a source may expand to). Imports ``_backends``, ``_dtypes``,
-``format``, ``errors`` and ``dcp_read`` (the name of a checkpoint's metadata, ``join``) only;
+``format``, ``errors`` and ``dcp_read`` (the name of a checkpoint's metadata, ``holds``) only;
 fsspec to ask whether a URL is a checkpoint directory.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ import numpy as np
 
 from .. import _dtypes
 from .._backends import filesystem, is_remote, localize
-from ..dcp_read import METADATA_NAME, join
+from ..dcp_read import METADATA_NAME, holds
 from ..errors import FormatError
 from ..format import Limits, dims_problem, open_regular, shape_nbytes
 
@@ -166,17 +166,9 @@ def is_directory(path) -> bool:
         return False
 
 
-def _holds(path: str, name: str) -> bool:
-    """Whether the directory ``path`` (local or a URL) holds an entry ``name``."""
-    if is_remote(path):
-        fs, p = filesystem(join(path, name))
-        return bool(fs.exists(p))
-    return os.path.lexists(os.path.join(localize(path), name))
-
-
 def _checkpoint_format(path: str) -> str:
     try:
-        if not _holds(path, METADATA_NAME) and _holds(path, TORCH_DCP_METADATA):
+        if not holds(path, METADATA_NAME) and holds(path, TORCH_DCP_METADATA):
             return "torch-dcp"
     except Exception:  # a URL that cannot be asked: the dcp reader says why, naming the metadata it needs
         pass
