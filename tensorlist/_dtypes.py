@@ -95,13 +95,19 @@ _BY_NUMPY: Dict[np.dtype, DType] = {d.numpy.newbyteorder("="): d for d in DTYPES
 
 
 def from_code(code: int) -> Optional[DType]:
-    """The row for a ``dataType`` code, or None when it is not supported."""
-    return _BY_CODE.get(code)
+    """The row for a ``dataType`` code, or None when it is not supported (any value: a file's too)."""
+    try:
+        return _BY_CODE.get(code)
+    except TypeError:  # unhashable: a list or an object where a code belongs
+        return None
 
 
 def from_name(name: str) -> DType:
-    """The row for a canonical name such as ``"bfloat16"``; KeyError if unknown."""
-    return _BY_NAME[name]
+    """The row for a canonical name such as ``"bfloat16"``; KeyError if unknown (any value: a file's too)."""
+    try:
+        return _BY_NAME[name]
+    except TypeError:  # unhashable: a list or an object where a name belongs
+        raise KeyError(name) from None
 
 
 def from_numpy(dtype) -> DType:

@@ -9,12 +9,12 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any, Iterator, List, Tuple
+from typing import Any, Iterator, List, Optional, Tuple
 
-from .errors import FormatError
+from .errors import FormatError, short_repr as short
 
 __all__ = ["loads_strict", "dumps", "dumps_lamp", "resolve_pointer", "set_at_pointer", "pointer_tokens",
-           "escape_pointer", "walk", "to_tagged", "from_tagged", "check_json"]
+           "escape_pointer", "array_index", "MAX_INDEX_DIGITS", "walk", "to_tagged", "from_tagged", "check_json"]
 
 
 class _StrictError(ValueError):
@@ -259,6 +259,22 @@ def pointer_tokens(pointer: str, *, file=None) -> List[str]:
 _BAD_TILDE = re.compile(r"~(?![01])")
 # RFC 6901 array index: "0" or ASCII digits without a leading zero (str.isdigit accepts "١", "²")
 _INDEX = re.compile(r"(?:0|[1-9][0-9]*)\Z", re.ASCII)
+# An index of more digits is past the end of any array in memory; converting such text with int()
+# would cost time quadratic in its length, and Python refuses past 4,300 digits with a ValueError.
+MAX_INDEX_DIGITS = 18
+
+
+def array_index(token: Any) -> Optional[int]:
+    """The array index a text names (RFC 6901: "0" or ASCII digits without a leading zero), or None.
+
+    The one conversion of untrusted text to an index: a valid index of more than
+    ``MAX_INDEX_DIGITS`` digits is returned as ``10 ** MAX_INDEX_DIGITS``, past the end of every
+    array, without converting the text; anything that is not such a text (another type included)
+    is None, never an exception.
+    """
+    if not isinstance(token, str) or not _INDEX.match(token):
+        return None
+    return int(token) if len(token) <= MAX_INDEX_DIGITS else 10 ** MAX_INDEX_DIGITS
 
 
 def _step(node: Any, token: str, pointer: str, walked: str, file) -> Any:
@@ -267,11 +283,13 @@ def _step(node: Any, token: str, pointer: str, walked: str, file) -> Any:
             raise FormatError(f"JSON pointer {pointer!r}: no key {token!r} at {walked!r}", file=file)
         return node[token]
     if isinstance(node, list):
-        if not _INDEX.match(token):
-            raise FormatError(f"JSON pointer {pointer!r}: {token!r} is not an array index", file=file)
-        i = int(token)
+        i = array_index(token)
+        if i is None:
+            raise FormatError(f"JSON pointer {short(pointer)}: {short(token)} is not an array index", file=file)
         if i >= len(node):
-            raise FormatError(f"JSON pointer {pointer!r}: index {i} past the array's end", file=file)
+            shown = token if len(token) <= MAX_INDEX_DIGITS else f"{token[:MAX_INDEX_DIGITS]}... ({len(token)} digits)"
+            raise FormatError(f"JSON pointer {short(pointer)}: index {shown} past the array's end "
+                              f"({len(node)} items)", file=file)
         return node[i]
     raise FormatError(f"JSON pointer {pointer!r}: {walked!r} goes into a scalar", file=file)
 
@@ -301,9 +319,10 @@ def set_at_pointer(doc: Any, pointer: str, value: Any) -> Any:
     parent = resolve_pointer(doc, "".join("/" + escape_pointer(t) for t in tokens[:-1]))
     last = tokens[-1]
     if isinstance(parent, list):
-        if not _INDEX.match(last) or int(last) >= len(parent):
-            raise FormatError(f"JSON pointer {pointer!r}: {last!r} is not an index of the array")
-        parent[int(last)] = value
+        i = array_index(last)
+        if i is None or i >= len(parent):
+            raise FormatError(f"JSON pointer {short(pointer)}: {short(last)} is not an index of the array")
+        parent[i] = value
     elif isinstance(parent, dict):
         parent[last] = value
     else:

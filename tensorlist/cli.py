@@ -363,7 +363,7 @@ def _size(text: str) -> int:
         value = float(num)
     except ValueError:
         value = -1
-    if unit not in _SIZE_UNITS or value <= 0:
+    if unit not in _SIZE_UNITS or not 0 < value < 2 ** 63 / _SIZE_UNITS.get(unit, 1):  # nan, inf: refused too
         raise argparse.ArgumentTypeError(f"{text!r} is not a size such as 500MB, 5GB or 2GiB")
     return int(value * _SIZE_UNITS[unit])
 

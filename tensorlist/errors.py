@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-__all__ = ["TensorListError", "FormatError", "ChecksumError"]
+__all__ = ["TensorListError", "FormatError", "ChecksumError", "short_repr"]
 
 
 class TensorListError(Exception):
@@ -69,3 +69,10 @@ def _rebuild_format_error(cls, reason, file, tensor_index, tensor_name, field):
 
 class ChecksumError(FormatError):
     """A tensor's bytes do not match the CRC32C stored in its descriptor."""
+
+
+def short_repr(value, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for messages about hostile input."""
+    text = repr(value) if not isinstance(value, list) or len(value) <= 16 else \
+        "[" + ", ".join(repr(v) for v in value[:8]) + f", ... ({len(value)} items)]"
+    return text if len(text) <= limit else text[:limit] + "..."

@@ -20,7 +20,7 @@ import numpy as np
 
 from . import _dtypes, _lowlevel
 from ._jsonio import escape_pointer, loads_strict, resolve_pointer, walk
-from .errors import FormatError
+from .errors import FormatError, short_repr
 
 __all__ = [
     "FORMAT_VERSION",
@@ -589,13 +589,6 @@ def dims_problem(dims, itemsize: int, dtype_name: str = "") -> Optional[str]:
         return (f"dims {short_repr(list(dims))} x {itemsize} bytes{what} overflow 64 bits in their non-zero dims"
                 if size == 0 else f"dims {short_repr(list(dims))} x {itemsize} bytes{what} is more than 2**63 bytes")
     return None
-
-
-def short_repr(value, limit: int = 80) -> str:
-    """``repr(value)`` cut to ``limit`` characters, for messages about hostile input."""
-    text = repr(value) if not isinstance(value, list) or len(value) <= 16 else \
-        "[" + ", ".join(repr(v) for v in value[:8]) + f", ... ({len(value)} items)]"
-    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _slow_table(tensors: list, fail) -> TensorTable:

@@ -382,7 +382,11 @@ def _npz_sidecar(z, path: str) -> dict:
     if not isinstance(dtypes, dict):
         fail(f"must be an object tensor name -> dtype name, got {short_repr(dtypes)}", f"{NPZ_SIDECAR}/dtypes")
     for name, dtype in dtypes.items():
-        if dtype not in RAW_DTYPES:
+        try:
+            known = _dtypes.from_name(dtype).name in RAW_DTYPES  # the one lookup of a file's dtype name
+        except KeyError:
+            known = False
+        if not known:
             fail(f"{short_repr(dtype)} is not a dtype stored through {NPZ_SIDECAR} (one of {sorted(RAW_DTYPES)})",
                  f"{NPZ_SIDECAR}/dtypes/{name}")
         if name == NPZ_SIDECAR or name not in z.files:

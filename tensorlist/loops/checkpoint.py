@@ -52,7 +52,7 @@ import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .._datafile import open_consistently
-from .._jsonio import dumps, from_tagged, loads_strict, resolve_pointer, set_at_pointer, to_tagged
+from .._jsonio import array_index, dumps, from_tagged, loads_strict, resolve_pointer, set_at_pointer, to_tagged
 from ..dcp_read import METADATA_NAME, Checkpoint, Shards, read_full, read_metadata
 from ..format import Limits, find_tensor_lists, parse_list, read_json_file
 from ..writer import Tensors, save_document
@@ -359,8 +359,8 @@ def read_sharded_loop_state(path, *, ranks: Optional[Sequence[int]] = None) -> T
     with Shards(path, mmap=False) as shards:
         doc = _text_entry(ckpt, shards, loop_key)
         _check_type(doc, path)
-        saved = sorted(int(k.split(".", 1)[1]) for k in ckpt.bytes_keys
-                       if k.startswith("rng.") and k.split(".", 1)[1].isdigit())
+        saved = sorted(i for i in (array_index(k[4:]) for k in ckpt.bytes_keys if k.startswith("rng."))
+                       if i is not None)
         wanted = saved if ranks is None else sorted(set(ranks) & set(saved))
         rng = {r: _text_entry(ckpt, shards, rng_key(r)) for r in wanted}
     _untag_extension(doc)

@@ -26,6 +26,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 import torch
 
+from .._jsonio import array_index
 from .._torch_bridge import from_numpy, to_numpy
 
 __all__ = ["Events", "State", "rng_state", "set_rng_state", "rng_state_json", "set_rng_state_json", "seed_rngs"]
@@ -117,7 +118,9 @@ def rng_state() -> Tuple[Dict[str, np.ndarray], dict]:
 def set_rng_state(tensors: Mapping[str, np.ndarray], meta: Mapping) -> None:
     """Restores what :func:`rng_state` returned."""
     torch.set_rng_state(from_numpy(np.array(tensors["torch"], dtype=np.uint8)))
-    cuda = sorted((int(k.split(".")[1]), v) for k, v in tensors.items() if k.startswith("cuda."))
+    # "cuda.<index>" keys are a checkpoint's text: converted by the one bounded index rule; others ignored
+    cuda = sorted((i, v) for i, v in ((array_index(k[5:]) if k.startswith("cuda.") else None, v)
+                                      for k, v in tensors.items()) if i is not None)
     if cuda and torch.cuda.is_available():
         for i, v in cuda[:torch.cuda.device_count()]:
             torch.cuda.set_rng_state(from_numpy(np.array(v, dtype=np.uint8)), i)

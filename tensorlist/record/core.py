@@ -22,7 +22,7 @@ from typing import List, Optional, Union
 
 import numpy as np
 
-from .._jsonio import MAX_DEPTH, check_json, pointer_tokens
+from .._jsonio import MAX_DEPTH, array_index, check_json, pointer_tokens
 from ..errors import FormatError
 from ..schema import schema_validator
 from ._common import join, short
@@ -207,7 +207,7 @@ def _dotted(value, pointer: Optional[str], prefix: str) -> str:
     path, node = prefix, value
     for token in pointer_tokens(pointer):
         if isinstance(node, (list, tuple)):
-            index = int(token)
+            index = array_index(token)  # check_json's own pointer: always an index of this list
             path, node = join(path, index), node[index]
         else:
             path, node = join(path, token), node[token]
