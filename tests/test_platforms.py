@@ -4,12 +4,18 @@ The compile/link matrix (gcc, clang, zig for Linux glibc/musl and macOS) and the
 (aarch64, s390x big-endian) are in .ci/cross.sh; here: the build's platform check, the C driver's
 corpus table against the conformance manifest, and the big-endian branch forced on this host.
 """
+import json
 import runpy
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+
+import tensorlist as tl
+from tensorlist import _dtypes, _items
+from tensorlist.record.hash import weights_sha256
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "csrc" / "build_ffi.py"
@@ -38,3 +44,93 @@ def test_setup_builds_through_the_script_that_checks():
     assert '"csrc/build_ffi.py:ffibuilder"' in (ROOT / "setup.py").read_text()
     header = (ROOT / "csrc" / "tensorlist.h").read_text()
     assert "#if defined(_WIN32)\n#error" in header  # the backstop for builds that bypass the script
+
+
+# --- byte order: a big-endian host's branches, forced on this machine ---------------------------------
+
+VALUES = {
+    "f4": np.arange(6, dtype=np.float32).reshape(2, 3) * 1.5 - 2,
+    "i8": np.array([1, -2, 2**40 + 3], dtype=np.int64),
+    "u2": np.array([0x0102, 0xA0B0], dtype=np.uint16),
+    "f2": np.array([0.5, -3.25], dtype=np.float16),
+    "c8": np.array([1 + 2j, -3.5j], dtype=np.complex64),  # swapped per 4-byte part
+    "u1": np.arange(5, dtype=np.uint8),
+    "b": np.array([True, False, True]),
+}
+
+
+def _as_big_host_holds(v: np.ndarray) -> np.ndarray:
+    """``v`` as a big-endian host holds it: a native-order ('=') dtype over big-endian bytes."""
+    return np.frombuffer(v.astype(v.dtype.newbyteorder(">")).tobytes(), v.dtype.newbyteorder("=")).reshape(v.shape)
+
+
+@pytest.fixture
+def big_endian_host(monkeypatch):
+    """The Python layer's one byte-order question (``_dtypes.NATIVE_LITTLE``) answered "big"."""
+    monkeypatch.setattr(_dtypes, "NATIVE_LITTLE", False)
+    monkeypatch.setattr(_items, "_DTYPE_CACHE", {})  # the swap decisions cached for this host's answer
+    monkeypatch.setattr(_items, "_DTYPE_BY_ID", {})
+    return monkeypatch
+
+
+def _stored_bytes(path) -> dict:
+    desc = json.loads(path.read_text())
+    data = (path.parent / desc["location"]).read_bytes()
+    return {t["name"]: data[t["byteOffset"]:t["byteOffset"] + t["byteLength"]] for t in desc["tensors"]}
+
+
+def test_is_little_answers_for_the_host_it_is_told():
+    assert _dtypes.is_little(np.dtype("<f4")) and not _dtypes.is_little(np.dtype(">f4"))
+    assert _dtypes.is_little(np.dtype("u1")) and _dtypes.is_little(np.dtype("?"))
+    assert _dtypes.is_little(np.dtype("=i8")) == (sys.byteorder == "little")
+
+
+@pytest.mark.parametrize("how", ["save", "writer"])
+def test_a_big_endian_host_writes_its_native_arrays_little_endian_and_reads_them_back(tmp_path, big_endian_host,
+                                                                                      how):
+    native = {k: _as_big_host_holds(v) for k, v in VALUES.items()}
+    for k in ("f4", "i8", "u2", "c8"):
+        assert native[k].dtype.byteorder == "=" and native[k].tobytes() != VALUES[k].tobytes()
+    path = tmp_path / "big.tl"
+    if how == "save":
+        tl.save(path, native)
+    else:
+        with tl.Writer(path) as w:
+            for k, v in native.items():
+                w.add(k, v)
+    stored = _stored_bytes(path)
+    for k, v in VALUES.items():
+        assert stored[k] == v.astype(v.dtype.newbyteorder("<")).tobytes(), k  # little-endian on disk, exactly
+    got = tl.load(path, verify=True)  # the CRCs were computed over the swapped (stored) bytes
+    for k, v in VALUES.items():
+        assert got[k].dtype.newbyteorder("=") == v.dtype.newbyteorder("=") and np.array_equal(got[k], v), k
+    for k in native:
+        assert native[k].tobytes() == _as_big_host_holds(VALUES[k]).tobytes()  # the caller's arrays untouched
+
+
+def test_a_big_endian_host_hashes_its_native_arrays_as_the_little_endian_values(big_endian_host):
+    big = weights_sha256({k: _as_big_host_holds(v) for k, v in VALUES.items()})
+    big_endian_host.undo()
+    assert big == weights_sha256(VALUES)
+
+
+def test_a_big_endian_host_converts_its_native_arrays_to_little_endian_entries(big_endian_host):
+    from tensorlist.convert.formats import Entry
+
+    for k, v in VALUES.items():
+        native = _as_big_host_holds(v)
+        a = Entry(k, _dtypes.from_numpy(v.dtype), v.shape, lambda native=native: native).array()
+        assert a.tobytes() == v.astype(v.dtype.newbyteorder("<")).tobytes() and np.array_equal(a, v), k
+        assert native.tobytes() == _as_big_host_holds(v).tobytes()  # a copy: the source is untouched
+
+
+def test_a_big_endian_host_loads_onto_a_device_through_numpy(tmp_path, big_endian_host):
+    torch = pytest.importorskip("torch", reason="the device load path needs torch")
+    path = tmp_path / "d.tl"
+    big_endian_host.undo()
+    tl.save(path, {k: v for k, v in VALUES.items() if k != "c8"})
+    big_endian_host.setattr(_dtypes, "NATIVE_LITTLE", False)  # the staging path's big-endian branch
+    got = tl.load(path, device="cpu")
+    for k, v in VALUES.items():
+        if k != "c8":
+            assert isinstance(got[k], torch.Tensor) and np.array_equal(got[k].numpy(), v), k
