@@ -5,6 +5,8 @@ The compile/link matrix (gcc, clang, zig for Linux glibc/musl and macOS) and the
 corpus table against the conformance manifest, and the big-endian branch forced on this host.
 """
 import json
+import os
+import re
 import runpy
 import subprocess
 import sys
@@ -44,6 +46,31 @@ def test_setup_builds_through_the_script_that_checks():
     assert '"csrc/build_ffi.py:ffibuilder"' in (ROOT / "setup.py").read_text()
     header = (ROOT / "csrc" / "tensorlist.h").read_text()
     assert "#if defined(_WIN32)\n#error" in header  # the backstop for builds that bypass the script
+
+
+# --- the C driver (tests/c/test_core.c) and its corpus table ------------------------------------------
+
+
+def test_the_c_drivers_corpus_table_is_current_and_agrees_with_the_manifest():
+    table = runpy.run_path(str(ROOT / "tests" / "c" / "corpus_table.py"), run_name="corpus_table")
+    # table_text() refuses (AssertionError) a valid file the C scanner does not read as the manifest says
+    assert table["table_text"]() == (ROOT / "tests" / "c" / "corpus.txt").read_text(), \
+        "tests/c/corpus.txt is stale: run python tests/c/corpus_table.py"
+
+
+def test_the_c_driver_passes_natively_over_the_whole_corpus(tmp_path):
+    exe = tmp_path / "test_core"
+    cc = os.environ.get("CC", "cc")
+    sources = sorted(str(p) for p in (ROOT / "csrc").glob("*.c"))
+    subprocess.run([cc, "-std=c11", "-O1", "-pthread", "-I", str(ROOT / "csrc"), "-o", str(exe),
+                    str(ROOT / "tests" / "c" / "test_core.c"), *sources], check=True, timeout=300)
+    corpus = ROOT / "tests" / "conformance"
+    files = sorted(str(p) for pattern in ("valid/*.tl", "valid/*.json", "valid/*.lamp", "invalid/*.tl")
+                   for p in corpus.glob(pattern))
+    r = subprocess.run([str(exe), str(ROOT / "tests" / "c" / "corpus.txt"), *files], capture_output=True,
+                       text=True, timeout=300, env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert re.fullmatch(r"test_core: \d+ passed, 0 failed \((little|big)-endian host, corpus\)\n", r.stdout), r.stdout
 
 
 # --- byte order: a big-endian host's branches, forced on this machine ---------------------------------
