@@ -10,8 +10,6 @@ import sys
 
 from cffi import FFI
 
-HERE = pathlib.Path(__file__).resolve().parent
-
 #: Where the C core builds and is tested (.ci/cross.sh): Linux (glibc and musl;
 #: x86-64 and aarch64 run, s390x big-endian runs under qemu) and macOS (arm64
 #: and x86-64, compiled and linked). Other POSIX systems are untested but may work.
@@ -31,6 +29,8 @@ def check_platform(platform=None) -> None:
 
 
 check_platform()
+
+HERE = pathlib.Path(__file__).resolve().parent
 
 ffibuilder = FFI()
 ffibuilder.cdef((HERE / "tensorlist_cdef.h").read_text())
