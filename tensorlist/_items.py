@@ -30,6 +30,7 @@ __all__ = ["Item", "prepare", "layout", "align", "check_alignment", "check_metad
            "as_array", "dtype_info", "GC_PAUSE_MIN", "EntryBook", "reserved_shape", "lamp_offset",
            "check_lamp_layout", "inside_offsets"]
 
+
 def align(n: int, a: int) -> int:
     return (n + a - 1) // a * a
 

@@ -150,7 +150,7 @@ def fsync(fd: int, path: Optional[str] = None) -> None:
 
     ``tl_fsync``: ``F_FULLFSYNC`` on macOS (whose ``fsync`` leaves the data in
     the drive's cache), ``fsync`` where that is refused and on other systems
-    (docs/SECURITY.md, "Durability"). Every fsync of the package goes through here.
+    (docs/SECURITY.md, "Durability per platform"). Every fsync of the package goes through here.
 
     Raises:
         OSError: the system refused (errno and ``path`` set).

@@ -13,9 +13,10 @@ CPU, which the tests use to exercise the chunking), the same plan runs with
 ordinary buffers and synchronous copies.
 
 Imports torch, ``reader``, ``_torch_bridge``, ``_lowlevel`` (CRC32C),
-``_dtypes`` (the host's byte order) and ``errors``; the package facade registers :func:`load` as the ``"device"``
-backend, so ``tensorlist.load(path, device=...)`` reaches it without the core
-importing torch.
+``_dtypes`` (the host's byte order) and ``errors``; the package facade
+registers :func:`load` as the ``"device"`` backend, so
+``tensorlist.load(path, device=...)`` reaches it without the core importing
+torch.
 """
 from __future__ import annotations
 
