@@ -6,8 +6,29 @@ as errors (CI does), TENSORLIST_SANITIZE=1 for an ASan/UBSan build.
 """
 import os
 import pathlib
+import sys
 
 from cffi import FFI
+
+#: Where the C core builds and is tested (.ci/cross.sh): Linux (glibc and musl;
+#: x86-64 and aarch64 run, s390x big-endian runs under qemu) and macOS (arm64
+#: and x86-64, compiled and linked). Other POSIX systems are untested but may work.
+SUPPORTED = "Linux (x86-64, aarch64, s390x; glibc or musl) and macOS (arm64, x86-64)"
+
+
+def check_platform(platform=None) -> None:
+    """Stops a build for a platform the C core cannot support, before any compiling, in one line.
+
+    The core is POSIX (mmap, pread, pthreads); Windows has none of them
+    (csrc/tensorlist.h also refuses _WIN32, for builds that bypass this script).
+    """
+    platform = sys.platform if platform is None else platform
+    if platform == "win32":
+        raise SystemExit(f"tensorlist: the C core does not build on {platform} (Windows): supported are {SUPPORTED}; "
+                         "on Windows, use WSL2")
+
+
+check_platform()
 
 HERE = pathlib.Path(__file__).resolve().parent
 

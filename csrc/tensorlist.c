@@ -1,7 +1,13 @@
 /*
  * tensorlist C core. See tensorlist.h for the conventions.
  */
+/* Feature macros before any header: _GNU_SOURCE gives glibc's and musl's
+ * sync_file_range, MAP_ANONYMOUS and posix_fallocate under -std=c11;
+ * _DARWIN_C_SOURCE gives macOS's F_PREALLOCATE, F_FULLFSYNC and MAP_ANON. */
 #define _GNU_SOURCE
+#if defined(__APPLE__)
+#define _DARWIN_C_SOURCE
+#endif
 #include "tensorlist.h"
 
 #include <errno.h>
@@ -184,19 +190,65 @@ int tl_msync(void *addr, uint64_t length, int *err_no) {
     return TL_OK;
 }
 
+/* Reserves disk space for [0, length) (posix_fallocate also extends the
+ * file, F_PREALLOCATE does not: tl_preallocate sizes it after). Returns 0, an errno meaning "this filesystem cannot reserve" (EOPNOTSUPP,
+ * EINVAL, ENOSYS, ENOTSUP: the caller then only sizes the file), or another
+ * errno. One function per platform difference, so tl_preallocate reads the
+ * same everywhere: Linux and the BSDs have posix_fallocate; macOS has not,
+ * and reserves with fcntl(F_PREALLOCATE), contiguous space first (faster to
+ * read back), then any space. */
+static int reserve_space(int fd, uint64_t length) {
+#if defined(F_PREALLOCATE)
+    struct stat st;
+    if (fstat(fd, &st) != 0) return errno;
+    if ((uint64_t)st.st_size >= length) return 0;
+    /* F_PEOFPOSMODE: the range starts at the file's physical end, so only the growth is asked for */
+    fstore_t store = {.fst_flags = F_ALLOCATECONTIG | F_ALLOCATEALL, .fst_posmode = F_PEOFPOSMODE,
+                      .fst_offset = 0, .fst_length = (off_t)(length - (uint64_t)st.st_size)};
+    if (fcntl(fd, F_PREALLOCATE, &store) == 0) return 0;
+    store.fst_flags = F_ALLOCATEALL;
+    if (fcntl(fd, F_PREALLOCATE, &store) == 0) return 0;
+    return errno;
+#else
+    return posix_fallocate(fd, 0, (off_t)length);
+#endif
+}
+
 int tl_preallocate(int fd, uint64_t length, int *err_no) {
     if (!err_no || length > (uint64_t)INT64_MAX) return TL_ERR_ARG;
     *err_no = 0;
     if (length > 0) {
-        int rc = posix_fallocate(fd, 0, (off_t)length);
-        if (rc == 0) return TL_OK;
-        if (rc != EOPNOTSUPP && rc != EINVAL && rc != ENOSYS) {
+        int rc = reserve_space(fd, length);
+        if (rc != 0 && rc != EOPNOTSUPP && rc != EINVAL && rc != ENOSYS && rc != ENOTSUP) {
             *err_no = rc;
             return TL_ERR_IO;
         }
     }
-    /* The filesystem cannot reserve space (FUSE, some network mounts): size the file. */
+    /* Sets the size: posix_fallocate already did (a no-op then), F_PREALLOCATE
+     * does not, and a filesystem that cannot reserve space (FUSE, some network
+     * mounts) still gets a file of the right size. */
     if (ftruncate(fd, (off_t)length) != 0) {
+        *err_no = errno;
+        return TL_ERR_IO;
+    }
+    return TL_OK;
+}
+
+/* The one durability rule (docs/SECURITY.md): on macOS fsync() hands the data
+ * to the drive but does not flush the drive's own cache, so a power cut can
+ * still lose it; F_FULLFSYNC asks the drive to flush. Filesystems that do not
+ * support it (network mounts, some FUSE) fail it: plain fsync is then the best
+ * there is. Elsewhere fsync() reaches stable storage (Linux flushes the drive
+ * cache when the filesystem uses write barriers, the default). */
+int tl_fsync(int fd, int *err_no) {
+    if (!err_no) return TL_ERR_ARG;
+    *err_no = 0;
+#if defined(F_FULLFSYNC)
+    if (fcntl(fd, F_FULLFSYNC) == 0) return TL_OK;
+    /* any failure: fsync below says whether the descriptor itself is bad */
+#endif
+    while (fsync(fd) != 0) {
+        if (errno == EINTR) continue;
         *err_no = errno;
         return TL_ERR_IO;
     }
@@ -682,10 +734,7 @@ int tl_write_items(int fd, tl_write_item *items, uint64_t n, uint64_t region_sta
             return TL_ERR_IO;
         }
     }
-    if ((flags & TL_WRITE_FSYNC) && fsync(fd) != 0) {
-        *err_no = errno;
-        return TL_ERR_IO;
-    }
+    if (flags & TL_WRITE_FSYNC) return tl_fsync(fd, err_no);
     return TL_OK;
 }
 

@@ -16,6 +16,12 @@
 #ifndef TENSORLIST_H
 #define TENSORLIST_H
 
+/* A backstop for builds that bypass csrc/build_ffi.py (which stops first with
+ * the list of supported platforms): the core is POSIX (mmap, pread, pthreads). */
+#if defined(_WIN32)
+#error "tensorlist's C core supports Linux and macOS (POSIX), not Windows; use WSL2 on Windows"
+#endif
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -83,6 +89,12 @@ int tl_msync(void *addr, uint64_t length, int *err_no);
 /* Makes fd exactly `length` bytes long with disk space reserved where the
  * filesystem supports it (so filling a mapping cannot SIGBUS on ENOSPC). */
 int tl_preallocate(int fd, uint64_t length, int *err_no);
+
+/* Flushes fd's data to stable storage: F_FULLFSYNC where the system has it
+ * (macOS: fsync alone leaves the data in the drive's cache), falling back to
+ * fsync where the filesystem refuses it; fsync elsewhere. The one durability
+ * rule: TL_WRITE_FSYNC and every fsync of the Python layer go through it. */
+int tl_fsync(int fd, int *err_no);
 
 /* Writes items (sorted by offset, non-overlapping) with zero padding so that
  * [region_start, region_end) is fully written. One thread writes, in file order;

@@ -46,6 +46,7 @@ int tl_map_writable(int fd, uint64_t offset, uint64_t length, void **map_addr,
 int tl_unmap(void *addr, uint64_t length);
 int tl_msync(void *addr, uint64_t length, int *err_no);
 int tl_preallocate(int fd, uint64_t length, int *err_no);
+int tl_fsync(int fd, int *err_no);
 int tl_write_items(int fd, tl_write_item *items, uint64_t n, uint64_t region_start,
                    uint64_t region_end, int nthreads, int flags, int *err_no);
 int tl_pread_full(int fd, void *dst, uint64_t length, uint64_t offset, int nthreads,

@@ -26,7 +26,7 @@ committing; what it skips, a later save sweeps.
 :func:`atomic_file` gives single files (converters' outputs, records) the same
 guarantee: a temporary name, fsync, rename, directory fsync.
 
-Imports ``format`` and ``_jsonio`` only.
+Imports ``format``, ``_jsonio`` and ``_lowlevel`` (``fsync``: the one durability rule) only.
 """
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ import re
 import secrets
 from typing import Iterable, Iterator, List, Optional
 
+from . import _lowlevel
 from ._jsonio import resolve_pointer
 from .format import find_tensor_lists, read_json_file
 
@@ -89,7 +90,7 @@ def fsync_dir(path: str) -> None:
     except OSError:
         return
     try:
-        os.fsync(fd)
+        _lowlevel.fsync(fd, path)
     except OSError:
         pass  # some filesystems refuse fsync on directories
     finally:
@@ -114,7 +115,7 @@ def durable_replace(tmp: str, path: str, durable: bool = True) -> None:
     if durable:
         fd = os.open(tmp, os.O_RDONLY | _CLOEXEC)
         try:
-            os.fsync(fd)
+            _lowlevel.fsync(fd, tmp)
         finally:
             os.close(fd)
     os.replace(tmp, path)
@@ -200,7 +201,7 @@ class Commit:
 
     def finish_data(self) -> None:
         if self.durable:
-            os.fsync(self.fd)
+            _lowlevel.fsync(self.fd, self.data_tmp)
         if not self.lamp:  # a fresh unique name: nothing refers to it yet
             os.rename(self.data_tmp, self.data_path)
             self.data_renamed = True
@@ -219,7 +220,7 @@ class Commit:
             _flock(fd, fcntl.LOCK_EX)
             write_all(fd, text.encode("utf-8"))
             if self.durable:
-                os.fsync(fd)
+                _lowlevel.fsync(fd, self.desc_tmp)
             if self.lamp:
                 os.rename(self.data_tmp, self.data_path)
                 self.data_renamed = True

@@ -7,6 +7,7 @@ reported as unknown or unsupported by name.
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Dict, Optional
 
@@ -14,6 +15,9 @@ import ml_dtypes
 import numpy as np
 
 __all__ = [
+    "NATIVE_LITTLE",
+    "is_little",
+    "as_little",
     "DType",
     "DTYPES",
     "from_code",
@@ -21,6 +25,35 @@ __all__ = [
     "from_name",
     "UNSUPPORTED_CODES",
 ]
+
+
+#: The host's byte order: the one place the Python layer asks it (the stored
+#: bytes are little-endian, docs/FORMAT.md). Read at each use, so a test can set
+#: it False and run a big-endian host's branches on any machine.
+NATIVE_LITTLE = sys.byteorder == "little"
+
+
+def is_little(dt: np.dtype) -> bool:
+    """Whether arrays of numpy dtype ``dt`` already hold the stored (little-endian) bytes.
+
+    ``<`` and ``|`` (one-byte items) do, ``=`` (native) does on a
+    little-endian host, ``>`` never does; a complex dtype's order is its parts'.
+    Every writer that decides whether to byte-swap asks here.
+    """
+    order = dt.byteorder
+    return order == "<" or order == "|" or (order == "=" and NATIVE_LITTLE) or dt.itemsize == 1
+
+
+def as_little(a: np.ndarray) -> np.ndarray:
+    """``a`` itself when it holds little-endian bytes (:func:`is_little`), else a little-endian copy.
+
+    The copy swaps bytes (``byteswap``, per part for complex) and relabels the
+    order, rather than asking numpy to convert values: so it follows this
+    module's answer about the host, never changes ``a``, and keeps the values.
+    """
+    if is_little(a.dtype):
+        return a
+    return a.byteswap().view(a.dtype.newbyteorder("<"))
 
 
 @dataclass(frozen=True)

@@ -30,8 +30,6 @@ __all__ = ["Item", "prepare", "layout", "align", "check_alignment", "check_metad
            "as_array", "dtype_info", "GC_PAUSE_MIN", "EntryBook", "reserved_shape", "lamp_offset",
            "check_lamp_layout", "inside_offsets"]
 
-_LITTLE_HOST = sys.byteorder == "little"
-
 
 def align(n: int, a: int) -> int:
     return (n + a - 1) // a * a
@@ -84,10 +82,8 @@ def dtype_info(dt: np.dtype) -> Tuple[_dtypes.DType, int]:
     hit = _DTYPE_CACHE.get(dt)
     if hit is None:
         row = _dtypes.from_numpy(dt)
-        order = dt.byteorder
-        little = order == "<" or order == "|" or (order == "=" and _LITTLE_HOST)
         size = dt.itemsize // (2 if dt.kind == "c" else 1)
-        hit = _DTYPE_CACHE[dt] = (row, 0 if little or size == 1 else size)
+        hit = _DTYPE_CACHE[dt] = (row, 0 if _dtypes.is_little(dt) or size == 1 else size)
     if len(_DTYPE_BY_ID) < 1024:
         _DTYPE_BY_ID[id(dt)] = (dt, hit)
     return hit

@@ -21,6 +21,7 @@ __all__ = [
     "map_readonly",
     "map_writable",
     "preallocate",
+    "fsync",
     "write_items",
     "pread_into",
     "alloc",
@@ -142,6 +143,22 @@ def preallocate(fd: int, length: int, path: Optional[str] = None) -> None:
     status = lib.tl_preallocate(fd, length, err)
     if status:
         _raise(status, err[0], "preallocate", path)
+
+
+def fsync(fd: int, path: Optional[str] = None) -> None:
+    """Flushes ``fd`` (a file or a directory) to stable storage: the one durability rule.
+
+    ``tl_fsync``: ``F_FULLFSYNC`` on macOS (whose ``fsync`` leaves the data in
+    the drive's cache), ``fsync`` where that is refused and on other systems
+    (docs/SECURITY.md, "Durability per platform"). Every fsync of the package goes through here.
+
+    Raises:
+        OSError: the system refused (errno and ``path`` set).
+    """
+    err = ffi.new("int *")
+    status = lib.tl_fsync(fd, err)
+    if status:
+        _raise(status, err[0], "fsync", path)
 
 
 #: write_items gathers buffers up to this size with one bytes.join instead of pinning each.

@@ -12,20 +12,20 @@ On a device without streams or pinned memory (any non-CUDA device, and the
 CPU, which the tests use to exercise the chunking), the same plan runs with
 ordinary buffers and synchronous copies.
 
-Imports torch, ``reader``, ``_torch_bridge``, ``_lowlevel`` (CRC32C) and
-``errors``; the package facade registers :func:`load` as the ``"device"``
-backend, so ``tensorlist.load(path, device=...)`` reaches it without the core
-importing torch.
+Imports torch, ``reader``, ``_torch_bridge``, ``_lowlevel`` (CRC32C),
+``_dtypes`` (the host's byte order) and ``errors``; the package facade
+registers :func:`load` as the ``"device"`` backend, so
+``tensorlist.load(path, device=...)`` reaches it without the core importing
+torch.
 """
 from __future__ import annotations
 
-import sys
 import warnings
 from typing import Dict, List, Mapping, NamedTuple, Optional
 
 import torch
 
-from . import _lowlevel, reader
+from . import _dtypes, _lowlevel, reader
 from ._torch_bridge import from_numpy, torch_dtype
 from .errors import ChecksumError
 
@@ -163,7 +163,7 @@ def load_into_device(r, device, *, keys=None, into: Optional[Mapping[str, torch.
         out[key] = dst
         if table.lengths[i]:
             flat[i] = dst.detach().reshape(-1).view(torch.uint8)
-    if sys.byteorder != "little":  # the stored bytes are little-endian: let numpy swap them
+    if not _dtypes.NATIVE_LITTLE:  # the stored bytes are little-endian: let numpy swap them
         arrays = r.get_many([all_keys[i] for i in flat])
         with torch.no_grad():
             for i, a in zip(flat, arrays.values()):

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import tensorlist as tl
+from tensorlist import _lowlevel
 from tensorlist.convert import convert, open_source, sinks
 
 torch = pytest.importorskip("torch")
@@ -67,11 +68,11 @@ def test_every_output_is_fsynced_renamed_and_its_directory_fsynced(tmp_path, mon
     out.mkdir()
     dst = out / EXT[fmt]
     events = []
-    real_fsync, real_replace, real_rename = os.fsync, os.replace, os.rename
+    real_fsync, real_replace, real_rename = _lowlevel.fsync, os.replace, os.rename
 
-    def fsync(fd):
+    def fsync(fd, path=None):  # the package's one fsync (tl_fsync)
         events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
-        return real_fsync(fd)
+        return real_fsync(fd, path)
 
     def renamer(real):
         def rename(a, b, **kw):
@@ -79,7 +80,7 @@ def test_every_output_is_fsynced_renamed_and_its_directory_fsynced(tmp_path, mon
             return real(a, b, **kw)
         return rename
 
-    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(_lowlevel, "fsync", fsync)
     monkeypatch.setattr(os, "replace", renamer(real_replace))
     monkeypatch.setattr(os, "rename", renamer(real_rename))  # the Writer's commit renames
     convert(src, dst, progress=False, shard_bytes=20_000)
@@ -107,7 +108,7 @@ def test_every_output_is_fsynced_renamed_and_its_directory_fsynced(tmp_path, mon
 def test_durable_false_skips_the_fsyncs_not_the_rename(tmp_path, monkeypatch, fmt):
     src = _source(tmp_path, fmt, 1.0)
     calls = []
-    monkeypatch.setattr(os, "fsync", lambda fd: calls.append(fd))
+    monkeypatch.setattr(_lowlevel, "fsync", lambda fd, path=None: calls.append(fd))
     convert(src, tmp_path / EXT[fmt], progress=False, durable=False)
     monkeypatch.undo()
     assert calls == []

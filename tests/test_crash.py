@@ -1,7 +1,7 @@
 """Crash consistency of every save path under SIGKILL, at forced and at random moments.
 
 Forced kill points: a child process imports tensorlist once and forks one grandchild per kill
-point; the grandchild wraps ``os.open``, ``os.fsync``, ``os.rename`` and ``os.unlink`` so that it
+point; the grandchild wraps ``os.open``, ``_lowlevel.fsync``, ``os.rename`` and ``os.unlink`` so that it
 SIGKILLs itself just before or just after their N-th call during a save (the data file's create,
 fsync and rename, the descriptor's create, fsync and rename (the commit point), the directory
 fsync, the deletion of the old data file, the sweep). Each save path (``save``, the streaming
@@ -76,14 +76,17 @@ CONTENT = textwrap.dedent("""
 SERVER = CONTENT + textwrap.dedent("""
     import json, os, shutil, signal, sys
 
-    HOOKED = ("open", "fsync", "rename", "unlink")
+    from tensorlist import _lowlevel
+
+    # fsync is the package's one fsync (tl_fsync: F_FULLFSYNC on macOS), the rest are os calls
+    HOOKED = {"open": os, "fsync": _lowlevel, "rename": os, "unlink": os}
     root, kinds, n = sys.argv[1], sys.argv[2].split(","), int(sys.argv[3])
 
     def hook(target):
-        \"\"\"Counts calls of the hooked os functions; target=(name, k, when) kills at that call.\"\"\"
+        \"\"\"Counts calls of the hooked functions; target=(name, k, when) kills at that call.\"\"\"
         counts = dict.fromkeys(HOOKED, 0)
-        for name in HOOKED:
-            real = getattr(os, name)
+        for name, owner in HOOKED.items():
+            real = getattr(owner, name)
             def wrapper(*a, _name=name, _real=real, **kw):
                 counts[_name] += 1
                 if target and target[0] == _name and target[1] == counts[_name] and target[2] == "before":
@@ -93,7 +96,7 @@ SERVER = CONTENT + textwrap.dedent("""
                 finally:  # after the call, whether it succeeded or raised
                     if target and target[0] == _name and target[1] == counts[_name] and target[2] == "after":
                         os.kill(os.getpid(), signal.SIGKILL)
-            setattr(os, name, wrapper)
+            setattr(owner, name, wrapper)
         return counts
 
     def in_child(fn):

@@ -257,6 +257,40 @@ def test_pread_into_refuses_a_readonly_buffer(tmp_path):
         os.close(fd)
 
 
+# --- preallocation, durability ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("before, length", [(0, 10000), (0, 0), (20000, 10000), (4096, 4096)])
+def test_preallocate_makes_the_file_exactly_that_long_keeping_its_bytes(tmp_path, before, length):
+    path = tmp_path / "p.bin"
+    path.write_bytes(bytes(range(256)) * (before // 256) + bytes(before % 256))
+    fd = os.open(path, os.O_RDWR)
+    try:
+        _lowlevel.preallocate(fd, length)
+        assert os.fstat(fd).st_size == length
+    finally:
+        os.close(fd)
+    kept = min(before, length)
+    data = path.read_bytes()
+    assert data[:kept] == (bytes(range(256)) * (before // 256 + 1))[:kept] and data[kept:] == bytes(length - kept)
+
+
+def test_fsync_flushes_files_and_directories_and_names_a_bad_descriptor(tmp_path):
+    path = tmp_path / "f.bin"
+    path.write_bytes(b"durable")
+    for target, flags in ((path, os.O_RDONLY), (tmp_path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))):
+        fd = os.open(target, flags)
+        try:
+            _lowlevel.fsync(fd, str(target))
+        finally:
+            os.close(fd)
+    fd = os.open(path, os.O_RDONLY)
+    os.close(fd)  # now a closed descriptor: tl_fsync reports the errno, naming the path
+    with pytest.raises(OSError, match="fsync: Bad file descriptor") as info:
+        _lowlevel.fsync(fd, str(path))
+    assert info.value.filename == str(path) and info.value.errno == 9
+
+
 # --- mapping, allocation ---------------------------------------------------------------------------
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 import os
 import struct
-import sys
 import zipfile
 from typing import Any, Callable, List, Optional, Tuple
 
@@ -211,9 +210,7 @@ class Entry:
 
     def array(self) -> np.ndarray:
         """The tensor, little-endian and C-contiguous (usually a view of a mapped file)."""
-        a = self._get()
-        if a.dtype.byteorder == ">" or (a.dtype.byteorder == "=" and sys.byteorder == "big" and a.dtype.itemsize > 1):
-            a = a.astype(a.dtype.newbyteorder("<"))
+        a = _dtypes.as_little(self._get())
         return a if a.flags.c_contiguous else np.ascontiguousarray(a).reshape(a.shape)
 
 

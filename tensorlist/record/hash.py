@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import os
 import struct
-import sys
 from collections.abc import Mapping
 from typing import Any, Dict, Iterator, Tuple
 
@@ -53,9 +52,7 @@ def _as_le_array(value, where: str) -> Tuple["_dtypes.DType", np.ndarray]:
         row = _dtypes.from_numpy(arr.dtype)
     except TypeError as e:
         raise TypeError(f"{where}: {e}") from None
-    order = arr.dtype.byteorder
-    if order == ">" or (order == "=" and sys.byteorder == "big"):
-        arr = arr.astype(row.numpy)  # a little-endian copy
+    arr = _dtypes.as_little(arr)  # a little-endian copy, if it is not little-endian already
     if not arr.flags.c_contiguous:
         arr = np.ascontiguousarray(arr)
     return row, arr
