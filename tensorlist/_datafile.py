@@ -158,7 +158,7 @@ class ListData:
         try:
             dt = table.dtypes[i].numpy
         except UnsupportedDTypeError as e:
-            raise unsupported_dtype(self.desc, e) from None
+            raise unsupported_dtype(self.desc, e, i) from None
         shape, length = table.shapes[i], table.lengths[i]
         if length == 0:
             a = np.empty(shape, dtype=dt)
@@ -368,10 +368,10 @@ def views(base: np.ndarray, start: int, desc: ListDescriptor, readonly: bool) ->
     return out
 
 
-def unsupported_dtype(desc: ListDescriptor, e: UnsupportedDTypeError) -> FormatError:
-    """The FormatError for ``e`` (from a row's ``numpy``), naming the first tensor of ``desc`` of that dtype."""
+def unsupported_dtype(desc: ListDescriptor, e: UnsupportedDTypeError, index: Optional[int] = None) -> FormatError:
+    """The FormatError for ``e`` (from a row's ``numpy``), naming tensor ``index`` or the first of that dtype."""
     table = desc.tensors
-    i = next(j for j, d in enumerate(table.dtypes) if d.name == e.dtype)
+    i = index if index is not None else next(j for j, d in enumerate(table.dtypes) if d.name == e.dtype)
     return FormatError(str(e), file=desc.file, tensor_index=i,
                        tensor_name=table.names[i] if table.names is not None else None,
                        field=f"{desc.pointer}/dataType" if desc.pointer else "dataType")

@@ -202,7 +202,7 @@ class RemoteReader(TensorMapping):
             try:
                 dt = table.dtypes[i].numpy
             except UnsupportedDTypeError as e:
-                raise unsupported_dtype(self.descriptor, e) from None
+                raise unsupported_dtype(self.descriptor, e, i) from None
             shape = table.shapes[i]
             if i in got:
                 out.append(np.frombuffer(got[i], dtype=dt).reshape(shape))

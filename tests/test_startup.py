@@ -209,3 +209,30 @@ def test_every_row_resolves_with_its_itemsize():
             assert not d.supported
             with pytest.raises(UnsupportedDTypeError, match=f"{d.name} .* needs ml_dtypes >= {need}"):
                 d.numpy
+
+
+def test_remote_reader_refuses_an_unsupported_dtype_by_name(files):
+    pytest.importorskip("fsspec", reason="remote URLs need fsspec (the 'remote' extra)")
+    doc = json.loads(open(files["e8"]).read())
+    data = open(os.path.join(os.path.dirname(files["e8"]), doc["location"]), "rb").read()
+    out = child(f"""
+        import ml_dtypes
+        if hasattr(ml_dtypes, "float8_e8m0fnu"):
+            del ml_dtypes.float8_e8m0fnu
+            ml_dtypes.__version__ = "0.4.0"
+        import fsspec
+        import tensorlist as tl
+        fs = fsspec.filesystem("memory")
+        fs.pipe("/e8/m.tl", {json.dumps(doc).encode()!r})
+        fs.pipe("/e8/" + {doc["location"]!r}, {data!r})
+        with tl.open("memory://e8/m.tl") as r:
+            out["ok"] = r["ok"].tolist()
+            try:
+                r["scales"]
+            except tl.FormatError as e:
+                out["error"] = [e.file, e.tensor_index, e.tensor_name, e.field, e.reason]
+        """)
+    assert out["ok"] == [1.0, 1.0]
+    file, index, name, field, reason = out["error"]
+    assert (file, index, name, field) == ("memory://e8/m.tl", 1, "scales", "dataType")
+    assert "float8_e8m0fnu" in reason and "ml_dtypes >= 0.5.0" in reason
