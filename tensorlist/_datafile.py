@@ -7,7 +7,9 @@ it) and then either mapped read-only (zero-copy views) or kept as an fd for
 file shares its one mapping. :func:`open_consistently` pairs descriptors with
 their data while another process may be replacing both, for every reader
 (``Reader``, ``load_document``, ``validate``). :func:`check_crcs` is the one
-CRC32C comparison, for local and remote readers alike.
+CRC32C comparison, for local and remote readers alike, and
+:func:`unsupported_dtype` the one FormatError for a tensor whose dtype this
+installation cannot represent (an ml_dtypes too old for it).
 
 Imports ``format``, ``_lowlevel`` and ``errors`` only.
 """
@@ -21,11 +23,11 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from . import _lowlevel
-from .errors import ChecksumError, FormatError
+from .errors import ChecksumError, FormatError, UnsupportedDTypeError
 from .format import ListDescriptor, TensorInfo, check_data_path, check_data_size, open_regular
 
 __all__ = ["DataFile", "ListData", "open_list", "open_consistently", "check_crcs", "bytes_view", "region_target",
-           "first_tensor_in", "writable_bytes", "views"]
+           "first_tensor_in", "writable_bytes", "views", "unsupported_dtype"]
 
 #: How often a reader re-reads a descriptor that a concurrent save keeps replacing.
 MAX_REREADS = 100
@@ -153,7 +155,11 @@ class ListData:
         if self.closed:
             raise ValueError("I/O operation on a closed Reader")
         table = self.desc.tensors
-        dt, shape, length = table.dtypes[i].numpy, table.shapes[i], table.lengths[i]
+        try:
+            dt = table.dtypes[i].numpy
+        except UnsupportedDTypeError as e:
+            raise unsupported_dtype(self.desc, e, i) from None
+        shape, length = table.shapes[i], table.lengths[i]
         if length == 0:
             a = np.empty(shape, dtype=dt)
             a.flags.writeable = not self.use_mmap
@@ -169,16 +175,16 @@ class ListData:
             raise ValueError("I/O operation on a closed Reader")
         desc = self.desc
         if self.file is None:  # an empty region: no file was opened
-            return views(np.empty(0, np.uint8), 0, desc.tensors, readonly=self.use_mmap)
+            return views(np.empty(0, np.uint8), 0, desc, readonly=self.use_mmap)
         if self.use_mmap:
-            return views(self.file.mapped(), desc.byte_offset, desc.tensors, readonly=True)
+            return views(self.file.mapped(), desc.byte_offset, desc, readonly=True)
         table = desc.tensors
         if sum(table.lengths) < desc.byte_length // 2:
             # mostly gaps (a hand-made layout): read the tensors, not the region
             keys = table.keys()
             return {keys[i]: self.array_at(i) for i in range(len(keys))}
         buf = self.file.read(desc.byte_offset, desc.byte_length, desc)
-        return views(buf, 0, table, readonly=False)
+        return views(buf, 0, desc, readonly=False)
 
     def readinto(self, out, offset: int) -> None:
         """Copies the list's bytes ``[offset, offset + len(out))``, counted from its region's start, into ``out``.
@@ -344,15 +350,28 @@ def writable_bytes(buf) -> np.ndarray:
     return np.frombuffer(view.cast("B"), np.uint8) if view.nbytes else np.empty(0, np.uint8)
 
 
-def views(base: np.ndarray, start: int, table, readonly: bool) -> Dict[str, np.ndarray]:
-    """Arrays over ``base`` for every tensor of ``table`` (offsets relative to ``start``)."""
+def views(base: np.ndarray, start: int, desc: ListDescriptor, readonly: bool) -> Dict[str, np.ndarray]:
+    """Arrays over ``base`` for every tensor of ``desc`` (offsets relative to ``start``)."""
     nd = np.ndarray
     out: Dict[str, np.ndarray] = {}
-    for key, dt, shape, off, ln in zip(table.keys(), table.dtypes, table.shapes, table.offsets, table.lengths):
-        if ln:
-            out[key] = nd(shape, dt.numpy, base, start + off)
-        else:
-            a = np.empty(shape, dt.numpy)
-            a.flags.writeable = not readonly
-            out[key] = a
+    table = desc.tensors
+    try:
+        for key, dt, shape, off, ln in zip(table.keys(), table.dtypes, table.shapes, table.offsets, table.lengths):
+            if ln:
+                out[key] = nd(shape, dt.numpy, base, start + off)
+            else:
+                a = np.empty(shape, dt.numpy)
+                a.flags.writeable = not readonly
+                out[key] = a
+    except UnsupportedDTypeError as e:
+        raise unsupported_dtype(desc, e) from None
     return out
+
+
+def unsupported_dtype(desc: ListDescriptor, e: UnsupportedDTypeError, index: Optional[int] = None) -> FormatError:
+    """The FormatError for ``e`` (from a row's ``numpy``), naming tensor ``index`` or the first of that dtype."""
+    table = desc.tensors
+    i = index if index is not None else next(j for j, d in enumerate(table.dtypes) if d.name == e.dtype)
+    return FormatError(str(e), file=desc.file, tensor_index=i,
+                       tensor_name=table.names[i] if table.names is not None else None,
+                       field=f"{desc.pointer}/dataType" if desc.pointer else "dataType")

@@ -4,6 +4,18 @@
 enum, as lamp writes it. Only the codes that numpy (with ml_dtypes) can
 represent with a fixed whole-byte itemsize are supported; every other code is
 reported as unknown or unsupported by name.
+
+ml_dtypes is imported on first need, not with the package: its extension costs
+0.5 to 2 s at import (0.7.0), more than everything else ``import tensorlist``
+does. A row's code, name and itemsize are known without it (the validator, the
+C fast path and ``inspect`` use only those); the numpy dtype of an ml_dtypes
+row (``row.numpy``) is resolved when first read, that is when an array of it
+is made. A numpy dtype handed in by a caller that is not one of numpy's own
+comes from ml_dtypes, which the caller has then already imported, so
+:func:`from_numpy` of a builtin dtype never imports it. A row whose type the
+installed ml_dtypes lacks (``float8_e8m0fnu`` before 0.5.0) is unsupported at
+use: reading ``row.numpy`` raises :class:`~tensorlist.errors.UnsupportedDTypeError`
+naming the dtype and the version that has it; everything else works.
 """
 from __future__ import annotations
 
@@ -11,8 +23,9 @@ import sys
 from dataclasses import dataclass
 from typing import Dict, Optional
 
-import ml_dtypes
 import numpy as np
+
+from .errors import UnsupportedDTypeError
 
 __all__ = [
     "NATIVE_LITTLE",
@@ -62,45 +75,77 @@ class DType:
 
     Attributes:
         code: torch ScalarType code stored in ``dataType``.
-        name: canonical framework-agnostic name (torch's, without ``torch.``).
-        numpy: the little-endian numpy dtype of the stored bytes.
+        name: canonical framework-agnostic name (torch's, without ``torch.``;
+            for an ml_dtypes row also the ml_dtypes attribute).
+        itemsize: bytes per element.
+        ml_dtypes_since: the oldest ml_dtypes release (0.4.0, the declared
+            floor, or later) with this type; None for numpy's own types.
+        numpy: the little-endian numpy dtype of the stored bytes (an attribute
+            set when the row is built for numpy's own types, on first access
+            for ml_dtypes rows; ``UnsupportedDTypeError`` when the installed
+            ml_dtypes lacks the type).
     """
 
     code: int
     name: str
-    numpy: np.dtype
+    itemsize: int
+    ml_dtypes_since: Optional[str] = None
+
+    def __getattr__(self, attr):
+        # Reached only for attributes the instance lacks: ``numpy`` of an ml_dtypes row not yet resolved.
+        if attr != "numpy":
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {attr!r}")
+        return _resolve(self)
 
     @property
-    def itemsize(self) -> int:
-        return self.numpy.itemsize
+    def supported(self) -> bool:
+        """Whether this installation can make arrays of the row (imports ml_dtypes for its rows)."""
+        try:
+            self.numpy
+        except UnsupportedDTypeError:
+            return False
+        return True
+
+    def __reduce__(self):  # one object per row, and an unpickled row resolves in its own process
+        return from_code, (self.code,)
 
 
-def _row(code: int, name: str, dt) -> DType:
-    return DType(code, name, np.dtype(dt).newbyteorder("<") if np.dtype(dt).itemsize > 1 else np.dtype(dt))
+def _stored(dt: np.dtype) -> np.dtype:
+    return dt.newbyteorder("<") if dt.itemsize > 1 else dt
 
 
-# Ordered by code. lamp itself writes 0-7, 11 and 15.
+def _np_row(code: int, name: str, t) -> DType:
+    dt = _stored(np.dtype(t))
+    row = DType(code, name, dt.itemsize)
+    object.__setattr__(row, "numpy", dt)
+    return row
+
+
+# Ordered by code. lamp itself writes 0-7, 11 and 15. An ml_dtypes row names the
+# oldest release that has its type, from the declared floor (0.4.0) on: every
+# one of them is in 0.4.0 but float8_e8m0fnu, added in 0.5.0 (ml_dtypes'
+# CHANGELOG.md, and checked by installing both).
 DTYPES: tuple = (
-    _row(0, "uint8", np.uint8),
-    _row(1, "int8", np.int8),
-    _row(2, "int16", np.int16),
-    _row(3, "int32", np.int32),
-    _row(4, "int64", np.int64),
-    _row(5, "float16", np.float16),
-    _row(6, "float32", np.float32),
-    _row(7, "float64", np.float64),
-    _row(9, "complex64", np.complex64),
-    _row(10, "complex128", np.complex128),
-    _row(11, "bool", np.bool_),
-    _row(15, "bfloat16", ml_dtypes.bfloat16),
-    _row(23, "float8_e5m2", ml_dtypes.float8_e5m2),
-    _row(24, "float8_e4m3fn", ml_dtypes.float8_e4m3fn),
-    _row(25, "float8_e5m2fnuz", ml_dtypes.float8_e5m2fnuz),
-    _row(26, "float8_e4m3fnuz", ml_dtypes.float8_e4m3fnuz),
-    _row(27, "uint16", np.uint16),
-    _row(28, "uint32", np.uint32),
-    _row(29, "uint64", np.uint64),
-    _row(44, "float8_e8m0fnu", ml_dtypes.float8_e8m0fnu),
+    _np_row(0, "uint8", np.uint8),
+    _np_row(1, "int8", np.int8),
+    _np_row(2, "int16", np.int16),
+    _np_row(3, "int32", np.int32),
+    _np_row(4, "int64", np.int64),
+    _np_row(5, "float16", np.float16),
+    _np_row(6, "float32", np.float32),
+    _np_row(7, "float64", np.float64),
+    _np_row(9, "complex64", np.complex64),
+    _np_row(10, "complex128", np.complex128),
+    _np_row(11, "bool", np.bool_),
+    DType(15, "bfloat16", 2, "0.4.0"),
+    DType(23, "float8_e5m2", 1, "0.4.0"),
+    DType(24, "float8_e4m3fn", 1, "0.4.0"),
+    DType(25, "float8_e5m2fnuz", 1, "0.4.0"),
+    DType(26, "float8_e4m3fnuz", 1, "0.4.0"),
+    _np_row(27, "uint16", np.uint16),
+    _np_row(28, "uint32", np.uint32),
+    _np_row(29, "uint64", np.uint64),
+    DType(44, "float8_e8m0fnu", 1, "0.5.0"),
 )
 
 # torch codes that exist but have no whole-byte numpy representation.
@@ -123,8 +168,29 @@ UNSUPPORTED_CODES: Dict[int, str] = {
 
 _BY_CODE: Dict[int, DType] = {d.code: d for d in DTYPES}
 _BY_NAME: Dict[str, DType] = {d.name: d for d in DTYPES}
-# numpy dtypes compare equal across byte orders only when native; key on (kind-insensitive) native form.
-_BY_NUMPY: Dict[np.dtype, DType] = {d.numpy.newbyteorder("="): d for d in DTYPES}
+_ML_ROWS = tuple(d for d in DTYPES if d.ml_dtypes_since is not None)
+# numpy dtypes compare equal across byte orders only when native; key on the native form.
+# ml_dtypes rows join when resolved.
+_BY_NUMPY: Dict[np.dtype, DType] = {d.numpy.newbyteorder("="): d for d in DTYPES if d.ml_dtypes_since is None}
+
+
+def _resolve(row: DType) -> np.dtype:
+    """Sets (and returns) ``row.numpy`` from ml_dtypes, importing it; the one place a row meets ml_dtypes."""
+    try:
+        import ml_dtypes
+    except ImportError:
+        ml_dtypes = None
+    t = getattr(ml_dtypes, row.name, None)
+    if t is None:
+        have = (f"ml_dtypes {getattr(ml_dtypes, '__version__', '?')} is installed" if ml_dtypes is not None
+                else "ml_dtypes is not installed")
+        raise UnsupportedDTypeError(f"dtype {row.name} (dataType {row.code}) needs ml_dtypes >= "
+                                    f"{row.ml_dtypes_since}, but {have} (pip install 'ml_dtypes>="
+                                    f"{row.ml_dtypes_since}')", dtype=row.name)
+    dt = _stored(np.dtype(t))
+    object.__setattr__(row, "numpy", dt)
+    _BY_NUMPY[dt.newbyteorder("=")] = row
+    return dt
 
 
 def from_code(code: int) -> Optional[DType]:
@@ -144,13 +210,28 @@ def from_name(name: str) -> DType:
 
 
 def from_numpy(dtype) -> DType:
-    """The row for a numpy dtype of either byte order.
+    """The row for a numpy dtype of either byte order (or anything ``np.dtype`` takes, or a table name).
+
+    A dtype that is not one of numpy's own can only be an ml_dtypes type, so
+    ml_dtypes rows are resolved only when ml_dtypes is already imported: a
+    builtin dtype never imports it.
 
     Raises:
         TypeError: the dtype has no tensorlist code (object, strings, structured...).
     """
+    if isinstance(dtype, str) and dtype in _BY_NAME:  # "bfloat16" works before ml_dtypes registers the name
+        return _BY_NAME[dtype]
     dt = np.dtype(dtype)
-    row = _BY_NUMPY.get(dt.newbyteorder("=")) if dt.fields is None else None
+    if dt.fields is not None:
+        row = None
+    else:
+        key = dt.newbyteorder("=")
+        row = _BY_NUMPY.get(key)
+        if row is None and "ml_dtypes" in sys.modules:
+            for ml_row in _ML_ROWS:
+                if "numpy" not in ml_row.__dict__:
+                    ml_row.supported  # resolves it, or leaves it unsupported
+            row = _BY_NUMPY.get(key)
     if row is None:
         raise TypeError(f"numpy dtype {dt!r} has no tensorlist dataType code; supported: "
                         + ", ".join(d.name for d in DTYPES))

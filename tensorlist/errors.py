@@ -2,13 +2,16 @@
 
 Every problem with a file's content is a :class:`FormatError` (also a
 ``ValueError``), whose message names the file, the tensor (index and name) and
-the field, and carries them as attributes for programs.
+the field, and carries them as attributes for programs. A dtype of the table
+that this installation cannot represent (its ml_dtypes is too old) is an
+:class:`UnsupportedDTypeError` (also a ``TypeError``) when a caller asks for it;
+the readers turn it into a FormatError naming the file and the tensor.
 """
 from __future__ import annotations
 
 from typing import Optional
 
-__all__ = ["TensorListError", "FormatError", "ChecksumError", "short_repr"]
+__all__ = ["TensorListError", "FormatError", "ChecksumError", "UnsupportedDTypeError", "short_repr"]
 
 
 class TensorListError(Exception):
@@ -69,6 +72,25 @@ def _rebuild_format_error(cls, reason, file, tensor_index, tensor_name, field):
 
 class ChecksumError(FormatError):
     """A tensor's bytes do not match the CRC32C stored in its descriptor."""
+
+
+class UnsupportedDTypeError(TensorListError, TypeError):
+    """A dtype of the table that the installed ml_dtypes lacks (too old, or not installed).
+
+    Attributes:
+        dtype: the dtype's canonical name (``"float8_e8m0fnu"``).
+    """
+
+    def __init__(self, message: str, *, dtype: str) -> None:
+        self.dtype = dtype
+        super().__init__(message)
+
+    def __reduce__(self):  # keep the keyword attribute through pickling
+        return _rebuild_unsupported, (type(self), str(self), self.dtype)
+
+
+def _rebuild_unsupported(cls, message, dtype):
+    return cls(message, dtype=dtype)
 
 
 def short_repr(value, limit: int = 80) -> str:

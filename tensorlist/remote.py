@@ -35,7 +35,6 @@ from __future__ import annotations
 import builtins
 import os
 import posixpath
-import secrets
 import shutil
 import tempfile
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
@@ -44,12 +43,12 @@ import numpy as np
 
 from . import _backends, _lowlevel, reader, schema, writer
 from ._backends import is_url
-from ._commit import own_locations
-from ._datafile import check_crcs, first_tensor_in, region_target
+from ._commit import new_token, own_locations
+from ._datafile import check_crcs, first_tensor_in, region_target, unsupported_dtype
 from ._items import (Item, WriterBase, align, check_alignment, check_metadata, descriptor, descriptor_text,
                      fast_descriptor_text, layout, prepare, tensor_entries)
 from ._jsonio import dumps, set_at_pointer
-from .errors import FormatError, TensorListError
+from .errors import FormatError, TensorListError, UnsupportedDTypeError
 from .format import (DEFAULT_ALIGNMENT, LIST_ALIGNMENT, MIN_TENSOR_ALIGNMENT, Limits, ListDescriptor, check_data_size,
                      find_tensor_lists, parse_list, read_json_bytes, select_list)
 from .reader import TensorMapping
@@ -200,7 +199,11 @@ class RemoteReader(TensorMapping):
                 got[i] = view[o:o + table.lengths[i]]
         out = []
         for i in positions:
-            dt, shape = table.dtypes[i].numpy, table.shapes[i]
+            try:
+                dt = table.dtypes[i].numpy
+            except UnsupportedDTypeError as e:
+                raise unsupported_dtype(self.descriptor, e, i) from None
+            shape = table.shapes[i]
             if i in got:
                 out.append(np.frombuffer(got[i], dtype=dt).reshape(shape))
             else:
@@ -354,7 +357,7 @@ class _DataStream:
         self.folder, self.base = posixpath.split(path)
         if not self.base:
             raise ValueError(f"{url!r} names a directory, not a file")
-        self.data_name = f"{self.base}.data" if lamp else f"{self.base}.{secrets.token_hex(4)}.data"
+        self.data_name = f"{self.base}.data" if lamp else f"{self.base}.{new_token()}.data"
         self.data_path = posixpath.join(self.folder, self.data_name)
         if self.folder:
             try:

@@ -1,6 +1,7 @@
 """Smoke test of the I/O benchmark: it runs end to end and prints its tables (no timing checks)."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -52,3 +53,23 @@ def test_bench_gpu_load_smoke_runs_on_the_cpu(tmp_path):
         assert row in proc.stdout, proc.stdout
     assert set(json.loads(out_json.read_text())["seconds"]) == {"warm", "cold"}
     assert not [p for p in os.listdir(tmp_path) if p.startswith("tensorlist-gpubench-")]
+
+
+def test_bench_startup_runs_and_prints_ratios(tmp_path):
+    """The start-up benchmark, one run of each command: every row, its ratio and its target are printed."""
+    out_json = tmp_path / "startup.json"
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "bench", "bench_startup.py"), "--runs", "1", "--dir", str(tmp_path),
+         "--json", str(out_json)],
+        capture_output=True, text=True, timeout=600, cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = ['python -c "import numpy"', 'python -c "import tensorlist"', "tensorlist inspect small.tl",
+            "tensorlist validate small.tl"]
+    for row, target in zip(rows, ("", "<= 1.5x", "<= 2.5x", "<= 3x")):
+        line = next(l for l in proc.stdout.splitlines() if l.startswith(row))
+        assert re.search(r"\d+ms +\d+ms +\d+\.\d\dx", line) and target in line, proc.stdout
+    report = json.loads(out_json.read_text())
+    assert report["runs"] == 1 and list(report["commands"]) == rows
+    assert [c["target"] for c in report["commands"].values()] == [None, 1.5, 2.5, 3.0]
+    assert not [p for p in os.listdir(tmp_path) if p.startswith("tensorlist-startbench-")]

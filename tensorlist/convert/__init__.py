@@ -60,13 +60,38 @@ The package, one concept a module:
 """
 from __future__ import annotations
 
-from .compare import DiffResult, diff
-from .dcp import VALUES_KEY, DcpSource
-from .formats import DEFAULT_SHARD_BYTES, FORMATS, MAX_EXPANSION, MAX_SAFETENSORS_HEADER, MIN_EXPANSION_BYTES, \
-    NPZ_SIDECAR, Entry, MetadataDroppedWarning, Source, infer_format
-from .sinks import convert
-from .sources import open_source
-
 __all__ = ["FORMATS", "convert", "infer_format", "open_source", "diff", "DiffResult", "DEFAULT_SHARD_BYTES",
            "MAX_SAFETENSORS_HEADER", "NPZ_SIDECAR", "MAX_EXPANSION", "MIN_EXPANSION_BYTES", "Entry", "Source",
            "MetadataDroppedWarning", "DcpSource", "VALUES_KEY"]
+
+_FORMATS_NAMES = frozenset({"DEFAULT_SHARD_BYTES", "FORMATS", "MAX_EXPANSION", "MAX_SAFETENSORS_HEADER",
+                            "MIN_EXPANSION_BYTES", "NPZ_SIDECAR", "Entry", "MetadataDroppedWarning", "Source",
+                            "infer_format"})
+
+
+def __getattr__(name: str):
+    """The facade's names, each module imported on first use (PEP 562).
+
+    ``tensorlist inspect model.tl`` asks only ``infer_format``: the readers and
+    writers of every other format (zip, DCP's pickle, safetensors headers) are
+    not imported for it.
+    """
+    if name in _FORMATS_NAMES:
+        from . import formats as module
+    elif name in ("diff", "DiffResult"):
+        from . import compare as module
+    elif name in ("VALUES_KEY", "DcpSource"):
+        from . import dcp as module
+    elif name == "convert":
+        from . import sinks as module
+    elif name == "open_source":
+        from . import sources as module
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -5,22 +5,21 @@ A :class:`Source` (built by ``sources``) is the tensors of a file as lazy
 source's shapes obey tensorlist's own rules (:func:`check_shape`) and every
 conversion the readers' limits (:func:`check_limits`: ``max_tensors``, and a
 cap on what a source may expand to). Imports ``_backends``, ``_dtypes``,
-``format``, ``errors`` and ``dcp_read`` (the name of a checkpoint's metadata, ``holds``) only;
-fsspec to ask whether a URL is a checkpoint directory.
+``format``, ``errors`` and, when a directory's layout is asked, ``dcp_read`` (the name of a
+checkpoint's metadata, ``holds``) only; fsspec to ask whether a URL is a checkpoint directory,
+zipfile to sniff a zip (``.pt`` or ``.npz`` under another name).
 """
 from __future__ import annotations
 
 import math
 import os
 import struct
-import zipfile
 from typing import Any, Callable, List, Optional, Tuple
 
 import numpy as np
 
 from .. import _dtypes
 from .._backends import filesystem, is_remote, localize
-from ..dcp_read import METADATA_NAME, holds
 from ..errors import FormatError
 from ..format import Limits, dims_problem, open_regular, shape_nbytes
 
@@ -166,6 +165,8 @@ def is_directory(path) -> bool:
 
 
 def _checkpoint_format(path: str) -> str:
+    from ..dcp_read import METADATA_NAME, holds  # here: a file's name never needs the checkpoint reader
+
     try:
         if not holds(path, METADATA_NAME) and holds(path, TORCH_DCP_METADATA):
             return "torch-dcp"
@@ -185,6 +186,8 @@ def _sniff(path: str) -> Optional[str]:
         if head.startswith(b"\x93NUMPY"):
             return "npy"
         if head.startswith(b"PK"):
+            import zipfile  # here: sniffing a .tl or .json file never needs it
+
             f.seek(0)
             try:
                 with zipfile.ZipFile(f) as z:
