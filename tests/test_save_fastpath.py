@@ -25,13 +25,16 @@ def _plain_item(name, value):
 
 
 def _plain_layout(items, alignment):
-    offsets, cursor = [], 0
+    """Each tensor at the cursor rounded up to max(alignment, itemsize); the list ends with its last bytes
+    (an empty tensor's rounded offset adds no padding: test_hostile's trailing-empty-tensor rule)."""
+    offsets, cursor, end = [], 0, 0
     for it in items:
         a = max(alignment, it.dtype.itemsize)
         off = -(-cursor // a) * a
         offsets.append(off)
         cursor = off + it.nbytes
-    return offsets, -(-cursor // alignment) * alignment
+        end = cursor if it.nbytes else end
+    return offsets, -(-end // alignment) * alignment
 
 
 arrays = st.builds(
