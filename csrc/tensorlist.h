@@ -6,8 +6,9 @@
  *   - every function returns an int status (TL_OK or a TL_ERR_* code) and
  *     writes its results through pointers; tl_strerror() names a status;
  *   - system errors also store errno through an `int *err_no` argument;
- *   - no Python C-API, no printing, no abort, no mutable static state, so the
- *     functions are safe to call with the GIL released and from many threads;
+ *   - no Python C-API, no printing, no abort, no mutable static state (but
+ *     the CPU-feature word crc32c.c caches atomically), so the functions are
+ *     safe to call with the GIL released and from many threads;
  *   - every offset/length computation is checked 64-bit arithmetic.
  *
  * The declarations that cffi sees are in tensorlist_cdef.h (kept in sync by a
