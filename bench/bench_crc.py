@@ -4,10 +4,10 @@ Each path of csrc/crc32c*.c is called through ``_lowlevel.crc32c_impl`` (the dis
 "auto"), next to ``google_crc32c.extend`` and ``crc32c.crc32c`` when those packages are installed.
 Every contender is one Python call per buffer, so the 4 KiB column includes the call's overhead
 (printed apart, as "call us": the time of one call on an empty buffer) for all of them alike; the
-larger columns are the paths' own speed (256 KiB stays in L2, 64 MiB streams from memory). Prints
+larger columns are the paths' own speed (64 KiB stays in L2, 64 MiB streams from memory). Prints
 medians in GB/s (1e9 bytes/s) and ratios to the portable path and to google-crc32c. Under qemu-user the figures measure the emulator, not the CPU.
 
-    python bench/bench_crc.py                 # 4 KiB, 256 KiB and 64 MiB, median of 5
+    python bench/bench_crc.py                 # 4 KiB, 64 KiB and 64 MiB, median of 5
     python bench/bench_crc.py --quick         # a smoke run (tests/test_bench_smoke.py)
 """
 from __future__ import annotations
@@ -85,7 +85,7 @@ def _label(size: int) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sizes", default="4096,262144,67108864", help="buffer sizes in bytes, comma-separated")
+    ap.add_argument("--sizes", default="4096,65536,67108864", help="buffer sizes in bytes, comma-separated")
     ap.add_argument("--repeat", type=int, default=5, help="samples per contender and size (median reported)")
     ap.add_argument("--budget", type=float, default=0.2, help="seconds per sample")
     ap.add_argument("--quick", action="store_true", help="smoke run: 4 KiB and 1 MiB, 1 sample of 20 ms")

@@ -82,14 +82,13 @@ static uint32_t available(void) {
     return a & ~DETECTED;
 }
 
-/* The dispatcher's choice for n bytes among the available paths. Below
- * TL_CRC3_MIN a three-stream path would only run its one-stream tail. */
+/* The dispatcher's choice for n bytes among the available paths: hardware
+ * over tables, three streams where a round fits (crc32c_internal.h). */
 static int choose(uint32_t avail, uint64_t n) {
-    int big = n >= TL_CRC3_MIN;
-    if (big && (avail & BIT(TL_CRC_SSE42_3WAY))) return TL_CRC_SSE42_3WAY;
+    if (n >= TL_CRC3_MIN && (avail & BIT(TL_CRC_SSE42_3WAY))) return TL_CRC_SSE42_3WAY;
     if (avail & BIT(TL_CRC_SSE42)) return TL_CRC_SSE42;
-    if (big && (avail & BIT(TL_CRC_ARM64_3WAY))) return TL_CRC_ARM64_3WAY;
-    if (big && (avail & BIT(TL_CRC_ARM64_3WAY_SOFT))) return TL_CRC_ARM64_3WAY_SOFT;
+    if (n >= TL_CRC3_MIN && (avail & BIT(TL_CRC_ARM64_3WAY))) return TL_CRC_ARM64_3WAY;
+    if (n >= TL_CRC3_SOFT_MIN && (avail & BIT(TL_CRC_ARM64_3WAY_SOFT))) return TL_CRC_ARM64_3WAY_SOFT;
     if (avail & BIT(TL_CRC_ARM64)) return TL_CRC_ARM64;
     return TL_CRC_PORTABLE;
 }

@@ -2,7 +2,8 @@
  * CRC32C on arm64 with the ARMv8 CRC32 extension: one stream, and three
  * streams joined by a carry-less multiply (crc32c_internal.h explains the
  * join): PMULL where the CPU has it, a 32-step software multiply otherwise
- * (once per 24 KiB round, a few per cent of the round's time).
+ * (twice per round: a few per cent of a 24 KiB round, so the software join
+ * runs the large rounds only).
  *
  * Every function carries its own target attribute and the file needs no
  * -march flag: the dispatcher (crc32c.c) calls these only after its runtime
@@ -58,32 +59,45 @@ TARGET_CRC static uint32_t shift_soft(uint32_t c, uint32_t k) {
     return CRC32CD(0, prod);
 }
 
-TARGET_CRC static uint32_t crc3(uint32_t crc, const unsigned char *p, uint64_t n,
-                                uint32_t (*shift)(uint32_t, uint32_t)) {
-    while (n && ((uintptr_t)p & 7u)) {
-        crc = CRC32CB(crc, *p++);
-        n--;
-    }
-    while (n >= TL_CRC3_MIN) {
+typedef uint32_t (*shift_fn)(uint32_t c, uint32_t k);
+
+/* Rounds of three blocks of `block` bytes while they fit; *p and *n advance. */
+TARGET_CRC static inline uint32_t rounds(uint32_t crc, const unsigned char **pp, uint64_t *np, uint64_t block,
+                                         uint32_t k1, uint32_t k2, shift_fn shift) {
+    const unsigned char *p = *pp;
+    uint64_t n = *np;
+    while (n >= 3 * block) {
         uint32_t c1 = 0, c2 = 0;
-        const unsigned char *q1 = p + TL_CRC3_BLOCK, *q2 = p + 2 * TL_CRC3_BLOCK;
-        for (uint64_t i = 0; i < TL_CRC3_BLOCK; i += 8) {
+        const unsigned char *q1 = p + block, *q2 = p + 2 * block;
+        for (uint64_t i = 0; i < block; i += 8) {
             crc = CRC32CD(crc, tl_read_le64(p + i));
             c1 = CRC32CD(c1, tl_read_le64(q1 + i));
             c2 = CRC32CD(c2, tl_read_le64(q2 + i));
         }
-        crc = shift(crc, TL_CRC3_K2) ^ shift(c1, TL_CRC3_K1) ^ c2;
-        p += TL_CRC3_MIN;
-        n -= TL_CRC3_MIN;
+        crc = shift(crc, k2) ^ shift(c1, k1) ^ c2;
+        p += 3 * block;
+        n -= 3 * block;
     }
+    *pp = p;
+    *np = n;
+    return crc;
+}
+
+TARGET_CRC static uint32_t crc3(uint32_t crc, const unsigned char *p, uint64_t n, shift_fn shift, int small) {
+    while (n && ((uintptr_t)p & 7u)) {
+        crc = CRC32CB(crc, *p++);
+        n--;
+    }
+    crc = rounds(crc, &p, &n, TL_CRC3_BLOCK, TL_CRC3_K1, TL_CRC3_K2, shift);
+    if (small) crc = rounds(crc, &p, &n, TL_CRC3_SMALL_BLOCK, TL_CRC3_SMALL_K1, TL_CRC3_SMALL_K2, shift);
     return tl_crc32c_arm64(crc, p, n);
 }
 
 uint32_t tl_crc32c_arm64_3way(uint32_t crc, const unsigned char *p, uint64_t n) {
-    return crc3(crc, p, n, shift_pmull);
+    return crc3(crc, p, n, shift_pmull, 1);
 }
 
 uint32_t tl_crc32c_arm64_3way_soft(uint32_t crc, const unsigned char *p, uint64_t n) {
-    return crc3(crc, p, n, shift_soft);
+    return crc3(crc, p, n, shift_soft, 0); /* TL_CRC3_SOFT_MIN */
 }
 #endif

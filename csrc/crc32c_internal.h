@@ -34,17 +34,24 @@
 
 /* Three streams: the crc32 instruction has a latency of 3 cycles (x86; 2-3 on
  * arm64 cores) and a throughput of 1, so one dependent chain runs at a third
- * of the possible speed. Each round takes 3 blocks of TL_CRC3_BLOCK bytes,
- * runs one chain per block, and joins them: crc(A|B|C) = shift(crc(A), 2
- * blocks) ^ shift(crc(B) from 0, 1 block) ^ crc(C) from 0, where shifting a
- * raw register over n zero bytes multiplies it by x^(8n) mod P. That product
- * is one carry-less multiply by K = x^(8n - 33) mod P (reflected), reduced by
- * one 64-bit crc32 instruction. csrc/gen_crc32c_tables.py derives K (and
- * tests/test_crc32c.py checks these values against it). */
+ * of the possible speed. Each round takes 3 blocks of one block size, runs one
+ * chain per block, and joins them: crc(A|B|C) = shift(crc(A), 2 blocks) ^
+ * shift(crc(B) from 0, 1 block) ^ crc(C) from 0, where shifting a raw register
+ * over n zero bytes multiplies it by x^(8n) mod P. That product is one
+ * carry-less multiply by K = x^(8n - 33) mod P (reflected), reduced by one
+ * 64-bit crc32 instruction. Rounds of 3 x 8 KiB run while they fit, then
+ * rounds of 3 x 256 bytes (the join costs about a tenth of such a round), then
+ * one stream. csrc/gen_crc32c_tables.py derives K (shift_constant), and
+ * tests/test_crc32c.py checks these values against it. */
 #define TL_CRC3_BLOCK 8192
 #define TL_CRC3_K1 0x54a86326u /* shift by one block */
 #define TL_CRC3_K2 0x1dc403ccu /* shift by two blocks */
-#define TL_CRC3_MIN ((uint64_t)3 * TL_CRC3_BLOCK) /* shorter buffers run the one-stream loop only */
+#define TL_CRC3_SMALL_BLOCK 256
+#define TL_CRC3_SMALL_K1 0xb9e02b86u
+#define TL_CRC3_SMALL_K2 0xdd7e3b0cu
+#define TL_CRC3_MIN ((uint64_t)3 * TL_CRC3_SMALL_BLOCK) /* shorter buffers run one stream only */
+/* The software join (arm64 without PMULL, ~100 cycles) pays on the 24 KiB rounds only: */
+#define TL_CRC3_SOFT_MIN ((uint64_t)3 * TL_CRC3_BLOCK)
 
 typedef uint32_t (*tl_crc32c_fn)(uint32_t crc, const unsigned char *p, uint64_t n);
 

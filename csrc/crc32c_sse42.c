@@ -38,24 +38,36 @@ TARGET_CLMUL static uint64_t shift(uint64_t c, uint32_t k) {
     return _mm_crc32_u64(0, (uint64_t)_mm_cvtsi128_si64(prod));
 }
 
+/* Rounds of three blocks of `block` bytes while they fit; *p and *n advance. */
+TARGET_CLMUL static inline uint64_t rounds(uint64_t c, const unsigned char **pp, uint64_t *np, uint64_t block,
+                                           uint32_t k1, uint32_t k2) {
+    const unsigned char *p = *pp;
+    uint64_t n = *np;
+    while (n >= 3 * block) {
+        uint64_t c1 = 0, c2 = 0;
+        const unsigned char *q1 = p + block, *q2 = p + 2 * block;
+        for (uint64_t i = 0; i < block; i += 8) {
+            c = _mm_crc32_u64(c, tl_read_le64(p + i));
+            c1 = _mm_crc32_u64(c1, tl_read_le64(q1 + i));
+            c2 = _mm_crc32_u64(c2, tl_read_le64(q2 + i));
+        }
+        c = shift(c, k2) ^ shift(c1, k1) ^ c2;
+        p += 3 * block;
+        n -= 3 * block;
+    }
+    *pp = p;
+    *np = n;
+    return c;
+}
+
 TARGET_CLMUL uint32_t tl_crc32c_sse42_3way(uint32_t crc, const unsigned char *p, uint64_t n) {
     uint64_t c = crc;
     while (n && ((uintptr_t)p & 7u)) {
         c = _mm_crc32_u8((uint32_t)c, *p++);
         n--;
     }
-    while (n >= TL_CRC3_MIN) {
-        uint64_t c1 = 0, c2 = 0;
-        const unsigned char *q1 = p + TL_CRC3_BLOCK, *q2 = p + 2 * TL_CRC3_BLOCK;
-        for (uint64_t i = 0; i < TL_CRC3_BLOCK; i += 8) {
-            c = _mm_crc32_u64(c, tl_read_le64(p + i));
-            c1 = _mm_crc32_u64(c1, tl_read_le64(q1 + i));
-            c2 = _mm_crc32_u64(c2, tl_read_le64(q2 + i));
-        }
-        c = shift(c, TL_CRC3_K2) ^ shift(c1, TL_CRC3_K1) ^ c2;
-        p += TL_CRC3_MIN;
-        n -= TL_CRC3_MIN;
-    }
+    c = rounds(c, &p, &n, TL_CRC3_BLOCK, TL_CRC3_K1, TL_CRC3_K2);
+    c = rounds(c, &p, &n, TL_CRC3_SMALL_BLOCK, TL_CRC3_SMALL_K1, TL_CRC3_SMALL_K2);
     return tl_crc32c_sse42((uint32_t)c, p, n);
 }
 #endif

@@ -23,7 +23,8 @@ from tensorlist import _lowlevel
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 AVAILABLE, _ = _lowlevel.crc32c_impls()
 IMPLS = ["auto"] + AVAILABLE
-ROUND = 3 * 8192  # bytes per round of the three-stream paths (TL_CRC3_MIN)
+ROUND = 3 * 8192  # bytes per large round of the three-stream paths (TL_CRC3_SOFT_MIN)
+SMALL_ROUND = 3 * 256  # bytes per small round (TL_CRC3_MIN); every length to 4096 crosses several
 
 
 def _table():
@@ -51,13 +52,16 @@ def _prefix_crcs(data: bytes, seed: int) -> list:
 
 def test_portable_is_always_available_and_the_dispatcher_picks_an_available_one():
     assert "portable" in AVAILABLE
-    for length in (0, 100, ROUND - 1, ROUND, 1 << 20):
+    for length in (0, 100, SMALL_ROUND - 1, SMALL_ROUND, ROUND - 1, ROUND, 1 << 20):
         names, chosen = _lowlevel.crc32c_impls(length)
         assert names == AVAILABLE and chosen in names
-        # the rule of crc32c.c's choose(): hardware over tables, three streams from one round on
+        # the rule of crc32c.c's choose(): hardware over tables, three streams where a round fits
+        # (the software join only on the large rounds)
         preference = ["sse42_3way", "sse42", "arm64_3way", "arm64_3way_soft", "arm64", "portable"]
         if length < ROUND:
-            preference = [p for p in preference if not p.endswith(("_3way", "_3way_soft"))]
+            preference.remove("arm64_3way_soft")
+        if length < SMALL_ROUND:
+            preference = [p for p in preference if not p.endswith("_3way")]
         assert chosen == next(p for p in preference if p in names)
 
 
@@ -156,6 +160,10 @@ def test_tables_and_merge_constants_are_what_the_generator_derives():
     assert 3 * block == ROUND
     assert int(defines["TL_CRC3_K1"], 16) == gen.shift_constant(block)
     assert int(defines["TL_CRC3_K2"], 16) == gen.shift_constant(2 * block)
+    small = int(defines["TL_CRC3_SMALL_BLOCK"])
+    assert 3 * small == SMALL_ROUND
+    assert int(defines["TL_CRC3_SMALL_K1"], 16) == gen.shift_constant(small)
+    assert int(defines["TL_CRC3_SMALL_K2"], 16) == gen.shift_constant(2 * small)
 
 
 @pytest.mark.slow
