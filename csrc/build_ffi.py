@@ -32,6 +32,12 @@ check_platform()
 
 HERE = pathlib.Path(__file__).resolve().parent
 
+# The C core is every csrc/*.c (fuzz/Makefile and the cross builds glob the same), as
+# paths relative to the project root: setuptools runs the build from there and refuses
+# absolute source paths in some modes.
+SOURCES = sorted(f"csrc/{p.name}" for p in HERE.glob("*.c"))
+HEADERS = sorted(f"csrc/{p.name}" for p in HERE.glob("*.h"))
+
 ffibuilder = FFI()
 ffibuilder.cdef((HERE / "tensorlist_cdef.h").read_text())
 
@@ -43,14 +49,12 @@ if os.environ.get("TENSORLIST_SANITIZE") == "1":
     _args += ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-O1"]
     _link += ["-fsanitize=address,undefined"]
 
-# Paths relative to the project root: setuptools runs the build from there
-# and refuses absolute source paths in some modes.
 ffibuilder.set_source(
     "tensorlist._core",
     '#include "tensorlist.h"',
-    sources=["csrc/tensorlist.c", "csrc/descriptor.c"],
+    sources=SOURCES,
     include_dirs=["csrc"],
-    depends=["csrc/tensorlist.h", "csrc/tensorlist_cdef.h"],
+    depends=HEADERS,
     extra_compile_args=_args,
     extra_link_args=_link,
 )

@@ -6,8 +6,9 @@
  *   - every function returns an int status (TL_OK or a TL_ERR_* code) and
  *     writes its results through pointers; tl_strerror() names a status;
  *   - system errors also store errno through an `int *err_no` argument;
- *   - no Python C-API, no printing, no abort, no mutable static state, so the
- *     functions are safe to call with the GIL released and from many threads;
+ *   - no Python C-API, no printing, no abort, no mutable static state (but
+ *     the CPU-feature word crc32c.c caches atomically), so the functions are
+ *     safe to call with the GIL released and from many threads;
  *   - every offset/length computation is checked 64-bit arithmetic.
  *
  * The declarations that cffi sees are in tensorlist_cdef.h (kept in sync by a
@@ -111,8 +112,26 @@ int tl_pread_full(int fd, void *dst, uint64_t length, uint64_t offset, int nthre
 int tl_alloc(uint64_t length, void **out, int *err_no);
 int tl_free(void *addr, uint64_t length);
 
-/* CRC32C (Castagnoli), hardware-accelerated where the CPU allows. */
+/* CRC32C (Castagnoli), hardware-accelerated where the CPU allows (csrc/crc32c*.c:
+ * one file per CPU path, a runtime check picks one). */
 uint32_t tl_crc32c(uint32_t crc, const void *data, uint64_t length);
+
+/* The CRC32C implementations, for running each one (tests, benchmarks). */
+#define TL_CRC_AUTO 0            /* the dispatcher's choice: what tl_crc32c runs */
+#define TL_CRC_PORTABLE 1        /* slicing-by-16 tables: any CPU, either byte order */
+#define TL_CRC_SSE42 2           /* x86-64 SSE4.2 crc32, one stream */
+#define TL_CRC_SSE42_3WAY 3      /* x86-64 SSE4.2 crc32, three streams joined with PCLMULQDQ */
+#define TL_CRC_ARM64 4           /* ARMv8 CRC32 extension, one stream */
+#define TL_CRC_ARM64_3WAY 5      /* ARMv8 CRC32, three streams joined with PMULL */
+#define TL_CRC_ARM64_3WAY_SOFT 6 /* ARMv8 CRC32, three streams joined by a software multiply */
+#define TL_CRC_IMPLS 7           /* codes are 0 .. TL_CRC_IMPLS - 1 */
+
+/* CRC32C continuing `crc` through implementation `impl`; TL_ERR_ARG when this
+ * build or CPU lacks it (or data is NULL with length > 0). */
+int tl_crc32c_impl(int impl, uint32_t crc, const void *data, uint64_t length, uint32_t *out);
+/* *available: bit i set when implementation i runs here; *chosen: the one
+ * tl_crc32c runs for a buffer of `length` bytes. */
+int tl_crc32c_impls(uint64_t length, uint32_t *available, int *chosen);
 /* CRC32C of n buffers, in parallel. */
 int tl_crc32c_many(uint64_t n, const void *const *data, const uint64_t *lengths,
                    uint32_t *out, int nthreads);

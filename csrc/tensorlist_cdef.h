@@ -54,6 +54,16 @@ int tl_pread_full(int fd, void *dst, uint64_t length, uint64_t offset, int nthre
 int tl_alloc(uint64_t length, void **out, int *err_no);
 int tl_free(void *addr, uint64_t length);
 uint32_t tl_crc32c(uint32_t crc, const void *data, uint64_t length);
+#define TL_CRC_AUTO 0
+#define TL_CRC_PORTABLE 1
+#define TL_CRC_SSE42 2
+#define TL_CRC_SSE42_3WAY 3
+#define TL_CRC_ARM64 4
+#define TL_CRC_ARM64_3WAY 5
+#define TL_CRC_ARM64_3WAY_SOFT 6
+#define TL_CRC_IMPLS 7
+int tl_crc32c_impl(int impl, uint32_t crc, const void *data, uint64_t length, uint32_t *out);
+int tl_crc32c_impls(uint64_t length, uint32_t *available, int *chosen);
 int tl_crc32c_many(uint64_t n, const void *const *data, const uint64_t *lengths,
                    uint32_t *out, int nthreads);
 

@@ -27,6 +27,9 @@ __all__ = [
     "alloc",
     "crc32c",
     "crc32c_many",
+    "CRC32C_IMPLS",
+    "crc32c_impl",
+    "crc32c_impls",
     "default_threads",
 ]
 
@@ -267,6 +270,52 @@ def crc32c(data, crc: int = 0) -> int:
     """CRC32C of a buffer (bytes, memoryview or contiguous array), continuing ``crc``."""
     buf = ffi.from_buffer(data)
     return int(lib.tl_crc32c(crc, buf, len(buf)))
+
+
+#: The CRC32C implementations of csrc/crc32c*.c by name; "auto" is the dispatcher's choice,
+#: what crc32c() and the writes run.
+CRC32C_IMPLS = {
+    "auto": lib.TL_CRC_AUTO,
+    "portable": lib.TL_CRC_PORTABLE,
+    "sse42": lib.TL_CRC_SSE42,
+    "sse42_3way": lib.TL_CRC_SSE42_3WAY,
+    "arm64": lib.TL_CRC_ARM64,
+    "arm64_3way": lib.TL_CRC_ARM64_3WAY,
+    "arm64_3way_soft": lib.TL_CRC_ARM64_3WAY_SOFT,
+}
+if sorted(CRC32C_IMPLS.values()) != list(range(lib.TL_CRC_IMPLS)):
+    raise ImportError("tensorlist._core was built with different CRC32C implementations; rebuild the package")
+_CRC32C_NAMES = {code: name for name, code in CRC32C_IMPLS.items()}
+
+
+def crc32c_impl(impl: str, data, crc: int = 0) -> int:
+    """CRC32C of a buffer through one named implementation (``CRC32C_IMPLS``), continuing ``crc``.
+
+    Raises:
+        ValueError: ``impl`` is unknown, or not compiled into this build, or this CPU lacks it.
+    """
+    code = CRC32C_IMPLS.get(impl) if isinstance(impl, str) else None
+    buf = ffi.from_buffer(data)
+    out = ffi.new("uint32_t *")
+    if code is None or lib.tl_crc32c_impl(code, crc, buf, len(buf), out):
+        raise ValueError(f"crc32c implementation {impl!r} is not available here (available: "
+                         f"{', '.join(crc32c_impls()[0])})")
+    return int(out[0])
+
+
+def crc32c_impls(length: int = 1 << 20) -> Tuple[List[str], str]:
+    """The CRC32C implementations this build and CPU run, and the one crc32c() uses for ``length`` bytes.
+
+    Returns:
+        (names of the available implementations, "auto" excluded; the dispatcher's choice).
+    """
+    mask = ffi.new("uint32_t *")
+    chosen = ffi.new("int *")
+    status = lib.tl_crc32c_impls(length, mask, chosen)
+    if status:
+        _raise(status, 0, "crc32c")
+    names = [name for name, code in CRC32C_IMPLS.items() if code and mask[0] >> code & 1]
+    return names, _CRC32C_NAMES[chosen[0]]
 
 
 def crc32c_many(buffers: Sequence, threads: Optional[int] = None) -> List[int]:

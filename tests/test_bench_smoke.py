@@ -73,3 +73,18 @@ def test_bench_startup_runs_and_prints_ratios(tmp_path):
     assert report["runs"] == 1 and list(report["commands"]) == rows
     assert [c["target"] for c in report["commands"].values()] == [None, 1.5, 2.5, 3.0]
     assert not [p for p in os.listdir(tmp_path) if p.startswith("tensorlist-startbench-")]
+
+
+def test_bench_crc_quick_runs_every_path_and_prints_ratios(tmp_path):
+    out_json = tmp_path / "crc.json"
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "bench_crc.py"), "--quick", "--json",
+                           str(out_json)], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    from tensorlist import _lowlevel
+
+    names, _ = _lowlevel.crc32c_impls()
+    for row in names + ["auto", "google-crc32c", "implementation", "x portable", "call us"]:
+        assert row in proc.stdout, proc.stdout
+    result = json.loads(out_json.read_text())
+    assert set(result["gb_per_s"]) >= set(names) | {"auto"}
+    assert all(rate > 0 for rates in result["gb_per_s"].values() for rate in rates.values())
