@@ -60,13 +60,20 @@ def is_little(dt: np.dtype) -> bool:
 def as_little(a: np.ndarray) -> np.ndarray:
     """``a`` itself when it holds little-endian bytes (:func:`is_little`), else a little-endian copy.
 
-    The copy swaps bytes (``byteswap``, per part for complex) and relabels the
-    order, rather than asking numpy to convert values: so it follows this
-    module's answer about the host, never changes ``a``, and keeps the values.
+    The copy swaps bytes (per part for complex) and relabels the order, rather
+    than asking numpy to convert values: so it follows this module's answer
+    about the host, never changes ``a``, and keeps the values. It swaps through
+    an unsigned-integer view, never the dtype's own ``byteswap``: ml_dtypes
+    before 0.5.4 swaps nothing there for bfloat16 and float8.
     """
-    if is_little(a.dtype):
+    dt = a.dtype
+    if is_little(dt):
         return a
-    return a.byteswap().view(a.dtype.newbyteorder("<"))
+    part = dt.itemsize // 2 if dt.kind == "c" else dt.itemsize
+    if part == 1:
+        return a.view(dt.newbyteorder("<"))
+    flat = np.ascontiguousarray(a).reshape(-1).view(f"u{part}")  # the same bytes, as whole parts
+    return flat.byteswap().view(dt.newbyteorder("<")).reshape(a.shape)
 
 
 @dataclass(frozen=True)
