@@ -92,7 +92,7 @@ readme_no_torch() {
 floors() {
     "$HOST_PYTHON" .ci/floors.py torch remote plot test > "$WORK/floors.txt" &&
     echo "floors:" $(cat "$WORK/floors.txt") &&
-    pip install -c "$WORK/floors.txt" -e ".[torch,remote,plot,test]" &&
+    pip install -c "$WORK/floors.txt" -c .ci/floors-constraints.txt -e ".[torch,remote,plot,test]" &&
     pip check
 }
 

@@ -130,6 +130,8 @@ def test_more_dims_than_numpy_allows_is_a_rule(tmp_path, fn):
     assert info.value.tensor_index == 0 and info.value.field == "dims"
 
 
+@pytest.mark.skipif(int(np.__version__.split(".")[0]) < 2,
+                    reason="numpy 1.x arrays have at most 32 dims (NPY_MAXDIMS); the format allows 64, as numpy 2")
 def test_sixty_four_dims_still_load(tmp_path):
     a = np.arange(2, dtype=np.float32).reshape([1] * 63 + [2])
     tl.save(tmp_path / "m.tl", {"a": a})
