@@ -64,7 +64,8 @@ leg() {
         torch="$(python -c 'import torch; print("torch", torch.__version__)' 2>/dev/null || echo "no torch")"
         python -m pytest -q -p no:cacheprovider "$@" 2>&1 | tee "$log"
         rc=${PIPESTATUS[0]}
-        result="$(grep -E '^=+ .*(passed|failed|error|no tests ran).* =+$' "$log" | tail -1 | sed -E 's/^=+ //; s/ =+$//')"
+        # pytest's closing line ("N passed, N skipped in Ns", framed by "=" without -q)
+        result="$(grep -E '^(=+ )?[0-9]+ (passed|failed|skipped|deselected|error)|no tests ran' "$log" | tail -1 | sed -E 's/^=+ //; s/ =+$//')"
         [ $rc -eq 5 ] && result="no test ran (pytest exit 5): ${result}"
     else
         torch="-"
