@@ -1,6 +1,7 @@
-"""Print pip constraints that pin every lower bound pyproject.toml declares, exactly.
+"""Print pip constraints that pin the lower bounds pyproject.toml declares, exactly.
 
-    python3 .ci/floors.py > floors.txt      # then: pip install -c floors.txt -e ".[...]"
+    python3 .ci/floors.py torch remote plot > floors.txt   # the dependencies and these extras
+    pip install -c floors.txt -e ".[torch,remote,plot,test]"
 
 The floors are declared once, in pyproject.toml (``name>=X``); this turns each into
 ``name==X`` so that one CI leg (.ci/pythons.sh, leg "floors") installs the oldest

@@ -11,8 +11,8 @@
 #                   without the slow tests (-m "not slow"): the torch tests included
 #   3.13            the README's second command only (no torch at all): every test; the torch
 #                   tests skip with their reason
-#   floors          3.9 with every lower bound pyproject.toml declares installed exactly
-#                   (.ci/floors.py), torch included: every test
+#   floors          3.9 with every lower bound of the package and its extras installed exactly
+#                   (.ci/floors.py: dependencies, torch, remote, plot), then every test
 # Interpreters come from pyenv (part of this machine image) or a pythonX.Y on PATH; a listed Python
 # that is missing fails the run. pytest's exit 5 (no test ran) is a failure. One summary line per leg
 # at the end; the exit status is non-zero if any leg failed.
@@ -89,9 +89,10 @@ readme_no_torch() {
     pip install -e ".[test]" -c .ci/constraints.txt &&
     python -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("torch") is not None and "torch is installed: this leg tests without it")'
 }
-# Every floor of the package and of the extras it is tested with, exactly, torch included.
+# Every floor of the package and of its extras, exactly, torch included; the test tools (the test
+# extra) resolve within them (.ci/floors-constraints.txt keeps pip from wandering).
 floors() {
-    "$HOST_PYTHON" .ci/floors.py torch remote plot test > "$WORK/floors.txt" &&
+    "$HOST_PYTHON" .ci/floors.py torch remote plot > "$WORK/floors.txt" &&
     echo "floors:" $(cat "$WORK/floors.txt") &&
     pip install -c "$WORK/floors.txt" -c .ci/floors-constraints.txt -e ".[torch,remote,plot,test]" &&
     pip check
