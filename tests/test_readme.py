@@ -43,7 +43,7 @@ def test_ci_torch_is_pinned_on_every_python():
     pins = re.findall(r"^torch==\S+; python_version (<|>=) \"3\.(\d+)\"$",
                       (ROOT / ".ci" / "constraints.txt").read_text(), flags=re.M)
     assert sorted(pins) == [("<", "10"), (">=", "10")], pins
-    assert '"torch>=2.1"' in (ROOT / "pyproject.toml").read_text()
+    assert '"torch>=2.8"' in (ROOT / "pyproject.toml").read_text()
 
 
 def test_api_tour_runs(tmp_path, monkeypatch, capsys):
