@@ -8,5 +8,5 @@ import importlib.util
 
 collect_ignore = []
 if importlib.util.find_spec("torch") is None:
-    collect_ignore += ["tensorlist/torch.py", "tensorlist/_torch_bridge.py", "tensorlist/nn.py",
-                       "tensorlist/dcp.py", "tensorlist/loops"]
+    collect_ignore += ["tensorlist/torch.py", "tensorlist/_torch_bridge.py", "tensorlist/_staging.py",
+                       "tensorlist/nn.py", "tensorlist/dcp.py", "tensorlist/loops"]

@@ -36,8 +36,8 @@ Example:
     >>> _ = dcp.save(sd, storage_writer=TensorListWriter(ckpt))
     >>> back = {"w": torch.zeros(2, 3), "step": 0}
     >>> dcp.load(back, storage_reader=TensorListReader(ckpt))
-    >>> back["w"][1].tolist(), back["step"], read_full(ckpt)["w"].sum()
-    ([3.0, 4.0, 5.0], 7, np.float32(15.0))
+    >>> back["w"][1].tolist(), back["step"], float(read_full(ckpt)["w"].sum())
+    ([3.0, 4.0, 5.0], 7, 15.0)
 """
 from __future__ import annotations
 
@@ -73,6 +73,9 @@ from .format import Limits
 from .writer import save
 
 __all__ = ["TensorListWriter", "TensorListReader", "read_full", "validate_checkpoint", "Checkpoint"]
+
+#: Whether this torch's DCP Metadata takes ``version`` (torch >= 2.9; 2.8 and older have no such field).
+_METADATA_HAS_VERSION = "version" in {f.name for f in dataclasses.fields(Metadata)}
 
 _MEMORY_FORMATS = {torch.contiguous_format: "contiguous_format", torch.channels_last: "channels_last",
                    torch.preserve_format: "preserve_format"}
@@ -188,7 +191,10 @@ class TensorListWriter(_CheckpointPath, StorageWriter, BlockingAsyncStager):
             raise ValueError("TensorListWriter needs use_collectives=True: the coordinator writes the one metadata "
                              "file of the checkpoint")
         self.is_coordinator = is_coordinator
-        self.rank = int(kwargs.get("rank") or 0)
+        rank = kwargs.get("rank")  # passed from torch 2.9 on; 2.8 and older pass none: ask the process group
+        if rank is None and torch.distributed.is_available() and torch.distributed.is_initialized():
+            rank = torch.distributed.get_rank()
+        self.rank = int(rank or 0)
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         self.wait()
@@ -408,8 +414,9 @@ def _torch_metadata(ckpt: Checkpoint, load_id: Optional[str]) -> Metadata:
     meta = StorageMeta(checkpoint_id=sm.get("checkpointId"), save_id=sm.get("saveId"), load_id=load_id,
                        modules=list(sm.get("modules") or []))
     planner_data = None if ckpt.planner_data is None else from_tagged(ckpt.planner_data)
+    version = {"version": ckpt.dcp_version} if _METADATA_HAS_VERSION else {}
     return Metadata(state_dict_metadata=state, planner_data=planner_data, storage_data=storage, storage_meta=meta,
-                    version=ckpt.dcp_version)
+                    **version)
 
 
 class TensorListReader(_CheckpointPath, StorageReader):

@@ -226,18 +226,22 @@ class RemoteReader(TensorMapping):
             raise FormatError(f"data object was truncated while reading ({detail})", file=self.path,
                               tensor_index=i, tensor_name=table[i].name if i is not None else None) from cause
 
-        try:
-            blobs = self._ranges(starts, ends) if starts else []
-        except RemoteError as e:
+        def past_end(cause):
             # S3 answers a range past the end with 416, not with fewer bytes: say "truncated"
             # as the local pread reader and the short-read check below do
             size = self._size_now()
             for k, end in enumerate(ends):
                 if size is not None and end > size:
-                    truncated(k, f"{size} bytes left, {end} needed", e)
+                    truncated(k, f"{size} bytes left, {end} needed", cause)
+
+        try:
+            blobs = self._ranges(starts, ends) if starts else []
+        except RemoteError as e:
+            past_end(e)
             raise
         for k, (s, e, b) in enumerate(zip(starts, ends, blobs)):
-            if isinstance(b, BaseException):
+            if isinstance(b, BaseException):  # older fsspec (2023.5) returns a range's error despite on_error="raise"
+                past_end(b)
                 i = tensor_of(k)
                 what = f"tensor {table.keys()[i]!r}" if i is not None else f"bytes {s}-{e}"
                 raise RemoteError(f"{self.path}: cannot read {what}: {_oneline(b)}") from b

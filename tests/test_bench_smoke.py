@@ -40,6 +40,7 @@ def test_bench_io_quick_runs_and_prints_ratios(tmp_path):
 
 def test_bench_gpu_load_smoke_runs_on_the_cpu(tmp_path):
     """The GPU benchmark's every contender and table, on the CPU (CI has no GPU): it runs and checks outputs."""
+    pytest.importorskip("torch", reason="the GPU load benchmark needs torch (pip install 'tensorlist[torch]')")
     out_json = tmp_path / "gpu.json"
     proc = subprocess.run(
         [sys.executable, os.path.join(ROOT, "bench", "bench_gpu_load.py"), "--device", "cpu", "--mib", "16",

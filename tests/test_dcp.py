@@ -18,7 +18,8 @@ import warnings
 
 import numpy as np
 import pytest
-import torch
+
+torch = pytest.importorskip("torch", reason="tensorlist.dcp needs torch (pip install 'tensorlist[torch]')")
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict

@@ -16,6 +16,8 @@ import pytest
 import tensorlist as tl
 from tensorlist.format import MAX_DIMS
 
+from _compat import needs_numpy_64_dims
+
 
 def _child(code: str, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
@@ -130,6 +132,7 @@ def test_more_dims_than_numpy_allows_is_a_rule(tmp_path, fn):
     assert info.value.tensor_index == 0 and info.value.field == "dims"
 
 
+@needs_numpy_64_dims
 def test_sixty_four_dims_still_load(tmp_path):
     a = np.arange(2, dtype=np.float32).reshape([1] * 63 + [2])
     tl.save(tmp_path / "m.tl", {"a": a})

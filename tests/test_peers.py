@@ -338,7 +338,10 @@ def test_every_shared_dtype_converts_both_ways_bit_for_bit(tmp_path, dtype_name)
     from safetensors import safe_open
 
     t = _bits(dtype_name)
-    safetensors_torch.save_file({"t": t}, str(tmp_path / "lib.safetensors"))
+    try:
+        safetensors_torch.save_file({"t": t}, str(tmp_path / "lib.safetensors"))
+    except KeyError:  # the peer's own limit: safetensors 0.7 (the newest for Python 3.9) has no float8 fnuz
+        pytest.skip(f"this safetensors cannot write {dtype_name} itself")
     convert(tmp_path / "lib.safetensors", tmp_path / "m.tl", progress=False)
     got = tl.load(tmp_path / "m.tl")["t"]
     assert got.dtype == _numpy_of({"t": t})["t"].dtype and got.tobytes() == _numpy_of({"t": t})["t"].tobytes()

@@ -14,14 +14,36 @@ def _blocks(lang):
     return re.findall(rf"```{lang}\n(.*?)```", README, flags=re.S)
 
 
-def test_ci_runs_exactly_the_readme_setup_commands():
+def _setup_commands():
     setup = README.split("## Set up", 1)[1]
     commands = [line for line in re.findall(r"```sh\n(.*?)```", setup, flags=re.S)[0].splitlines() if line.strip()]
     assert len(commands) == 2, commands
+    return commands
+
+
+def test_ci_runs_exactly_the_readme_setup_commands():
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
-    for c in commands:
+    for c in _setup_commands():
         assert c in ci, f"README command {c!r} is not run verbatim by .ci/run"
-    assert "torch==2.13.0" in (ROOT / "pyproject.toml").read_text()  # never an unpinned CUDA torch in CI
+
+
+def test_python_matrix_installs_with_the_readme_setup_commands():
+    # .ci/pythons.sh runs the README's installs on every other Python, then its own pytest selection
+    matrix = (ROOT / ".ci" / "pythons.sh").read_text()
+    for c in _setup_commands():
+        install = c.split(" && ")[0]
+        assert install.startswith("pip install ") and f"    {install} &&" in matrix, install
+
+
+def test_ci_torch_is_pinned_on_every_python():
+    # the README's installs take CI's constraints, which pin torch for every Python (never an unpinned,
+    # multi-GB CUDA torch in CI), while the package's metadata keeps a range
+    for c in _setup_commands():
+        assert " -c .ci/constraints.txt" in c, c
+    pins = re.findall(r"^torch==\S+; python_version (<|>=) \"3\.(\d+)\"$",
+                      (ROOT / ".ci" / "constraints.txt").read_text(), flags=re.M)
+    assert sorted(pins) == [("<", "10"), (">=", "10")], pins
+    assert '"torch>=2.8"' in (ROOT / "pyproject.toml").read_text()
 
 
 def test_api_tour_runs(tmp_path, monkeypatch, capsys):

@@ -47,10 +47,11 @@ class Progress:
                 return
             import shutil
 
-            # a terminal that reports a 0 x 0 size (a fresh pty) would get no bar at all from tqdm
+            # a terminal that reports a 0 x 0 size (a fresh pty) would get no bar at all from tqdm;
+            # Python < 3.11 returns that 0 x 0 as is rather than the fallback
             size = shutil.get_terminal_size((80, 24))
             self.bar = tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024,
-                            file=sys.stderr, leave=True, ncols=size.columns, nrows=size.lines or 24)
+                            file=sys.stderr, leave=True, ncols=size.columns or 80, nrows=size.lines or 24)
 
     def update(self, n: int) -> None:
         if self.bar is not None:

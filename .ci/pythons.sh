@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# CI matrix: every supported Python besides the main run's (.ci/run: 3.11, the full suite), each in a
+# fresh virtual environment made by that Python (`python -m venv`, its own pip, no upgrade), with the
+# README's set-up commands, and the declared floors on the oldest Python.
+#
+#   bash .ci/pythons.sh                 # every leg below
+#   bash .ci/pythons.sh 3.13 floors     # the named legs only
+#
+# Legs (python, what is installed, what runs):
+#   3.9 3.10 3.12   the README's two commands (torch from .ci/constraints.txt), then the suite
+#                   without the slow tests (-m "not slow"): the torch tests included
+#   3.13            the README's second command only (no torch at all): every test; the torch
+#                   tests skip with their reason
+#   floors          3.9 with every lower bound of the package and its extras installed exactly
+#                   (.ci/floors.py: dependencies, torch, remote, plot), then every test
+# Interpreters come from pyenv (part of this machine image) or a pythonX.Y on PATH; a listed Python
+# that is missing fails the run. pytest's exit 5 (no test ran) is a failure. One summary line per leg
+# at the end; the exit status is non-zero if any leg failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+
+ALL_LEGS=(3.9 3.10 3.12 3.13 floors)
+LEGS=("${@:-${ALL_LEGS[@]}}")
+FAST=(-m "not slow")
+SUMMARY=()
+FAILED=0
+HOST_PYTHON="$(command -v python3)"  # runs .ci/floors.py (Python >= 3.11) outside the legs' venvs
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/tensorlist-pythons.XXXXXX")"
+trap 'rm -rf "$WORK"' EXIT
+
+# The interpreter for version X.Y: pyenv's newest X.Y.*, else pythonX.Y on PATH; it must say X.Y.
+interpreter() {
+    local want="$1" exe=""
+    if command -v pyenv >/dev/null 2>&1 && prefix="$(pyenv prefix "$want" 2>/dev/null)"; then
+        exe="$prefix/bin/python$want"
+    elif command -v "python$want" >/dev/null 2>&1; then
+        exe="$(command -v "python$want")"
+    fi
+    if [ -z "$exe" ] || [ "$("$exe" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)" != "$want" ]; then
+        echo "pythons: Python $want not found (neither 'pyenv prefix $want' nor python$want on PATH)" >&2
+        return 1
+    fi
+    echo "$exe"
+}
+
+# leg NAME PYTHON SETUP PYTEST-ARGS...: a fresh venv, SETUP (a function) inside it, then pytest.
+leg() {
+    local name="$1" want="$2" setup="$3"; shift 3
+    local start=$SECONDS exe venv="$WORK/venv-$name" log="$WORK/pytest-$name.log" rc=0 torch result
+    echo "=== pythons: leg $name (Python $want)"
+    if ! exe="$(interpreter "$want")"; then
+        SUMMARY+=("$(printf '%-7s %-8s %-22s %s' "$name" "$want" "-" "FAILED: Python $want missing")")
+        FAILED=1
+        return
+    fi
+    "$exe" -m venv "$venv" || rc=$?
+    if [ $rc -eq 0 ]; then
+        # shellcheck disable=SC1091
+        . "$venv/bin/activate"
+        "$setup" || rc=$?
+    fi
+    if [ $rc -eq 0 ]; then
+        torch="$(python -c 'import torch; print("torch", torch.__version__)' 2>/dev/null || echo "no torch")"
+        python -m pytest -q -p no:cacheprovider "$@" 2>&1 | tee "$log"
+        rc=${PIPESTATUS[0]}
+        # pytest's closing line ("N passed, N skipped in Ns", framed by "=" without -q)
+        result="$(grep -E '^(=+ )?[0-9]+ (passed|failed|skipped|deselected|error)|no tests ran' "$log" | tail -1 | sed -E 's/^=+ //; s/ =+$//')"
+        [ $rc -eq 5 ] && result="no test ran (pytest exit 5): ${result}"
+    else
+        torch="-"
+        result="set-up failed (exit $rc)"
+    fi
+    command -v deactivate >/dev/null 2>&1 && deactivate
+    rm -rf "$venv"  # a venv with torch is 1-5 GB
+    local verdict="ok"
+    [ $rc -ne 0 ] && { verdict="FAILED"; FAILED=1; }
+    SUMMARY+=("$(printf '%-7s %-8s %-22s %-6s %5ds  pytest %s: %s' "$name" \
+        "$("$exe" -c 'import platform; print(platform.python_version())')" "$torch" "$verdict" \
+        $((SECONDS - start)) "${*:-(all)}" "$result")")
+}
+
+# The README's set-up commands (tests/test_readme.py checks they are the README's, verbatim).
+readme_both() {
+    pip install ".[demo]" -c .ci/constraints.txt && tensorlist demo &&
+    pip install -e ".[test]" -c .ci/constraints.txt
+}
+readme_no_torch() {
+    pip install -e ".[test]" -c .ci/constraints.txt &&
+    python -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("torch") is not None and "torch is installed: this leg tests without it")'
+}
+# Every floor of the package and of its extras, exactly, torch included; the test tools (the test
+# extra) resolve within them (.ci/floors-constraints.txt keeps pip from wandering).
+floors() {
+    "$HOST_PYTHON" .ci/floors.py torch remote plot > "$WORK/floors.txt" &&
+    echo "floors:" $(cat "$WORK/floors.txt") &&
+    pip install -c "$WORK/floors.txt" -c .ci/floors-constraints.txt -e ".[torch,remote,plot,test]" &&
+    pip check
+}
+
+for l in "${LEGS[@]}"; do
+    case "$l" in
+        3.9|3.10|3.12) leg "$l" "$l" readme_both "${FAST[@]}" ;;
+        3.13) leg "$l" "$l" readme_no_torch ;;
+        floors) leg floors 3.9 floors ;;
+        *) echo "pythons: unknown leg $l (legs: ${ALL_LEGS[*]})" >&2; FAILED=1 ;;
+    esac
+done
+
+echo "=== pythons: summary (leg, Python, torch, verdict, seconds, pytest)"
+printf 'pythons: %s\n' "${SUMMARY[@]}"
+exit $FAILED

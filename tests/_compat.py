@@ -1,0 +1,8 @@
+"""What the installed libraries can represent, for the tests' skips (one place for each such check)."""
+import numpy as np
+import pytest
+
+#: numpy 1.x arrays have at most 32 dims; the format allows 64, numpy 2's limit (format.MAX_DIMS).
+needs_numpy_64_dims = pytest.mark.skipif(
+    int(np.__version__.split(".")[0]) < 2,
+    reason="numpy 1.x arrays have at most 32 dims (NPY_MAXDIMS); the format allows 64, as numpy 2")
