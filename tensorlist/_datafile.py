@@ -8,8 +8,8 @@ file shares its one mapping. :func:`open_consistently` pairs descriptors with
 their data while another process may be replacing both, for every reader
 (``Reader``, ``load_document``, ``validate``). :func:`check_crcs` is the one
 CRC32C comparison, for local and remote readers alike, and
-:func:`unsupported_dtype` the one FormatError for a tensor whose dtype this
-installation cannot represent (an ml_dtypes too old for it).
+:func:`unsupported_dtype` and :func:`too_many_dims` the FormatErrors for a tensor this
+installation cannot represent (an ml_dtypes too old for its dtype, a numpy 1.x for its 33 to 64 dims).
 
 Imports ``format``, ``_lowlevel`` and ``errors`` only.
 """
@@ -27,7 +27,7 @@ from .errors import ChecksumError, FormatError, UnsupportedDTypeError
 from .format import ListDescriptor, TensorInfo, check_data_path, check_data_size, open_regular
 
 __all__ = ["DataFile", "ListData", "open_list", "open_consistently", "check_crcs", "bytes_view", "region_target",
-           "first_tensor_in", "writable_bytes", "views", "unsupported_dtype"]
+           "first_tensor_in", "writable_bytes", "views", "unsupported_dtype", "too_many_dims", "NUMPY_MAX_DIMS"]
 
 #: How often a reader re-reads a descriptor that a concurrent save keeps replacing.
 MAX_REREADS = 100
@@ -160,14 +160,17 @@ class ListData:
         except UnsupportedDTypeError as e:
             raise unsupported_dtype(self.desc, e, i) from None
         shape, length = table.shapes[i], table.lengths[i]
-        if length == 0:
-            a = np.empty(shape, dtype=dt)
-            a.flags.writeable = not self.use_mmap
-            return a
-        start = self.desc.byte_offset + table.offsets[i]
-        if self.use_mmap:
-            return np.ndarray(shape, dt, self.file.mapped(), start)
-        return self.file.read(start, length, self.desc, i).view(dt).reshape(shape)
+        try:
+            if length == 0:
+                a = np.empty(shape, dtype=dt)
+                a.flags.writeable = not self.use_mmap
+                return a
+            start = self.desc.byte_offset + table.offsets[i]
+            if self.use_mmap:
+                return np.ndarray(shape, dt, self.file.mapped(), start)
+            return self.file.read(start, length, self.desc, i).view(dt).reshape(shape)
+        except ValueError as e:
+            raise too_many_dims(self.desc, i, e) from None
 
     def read_all(self) -> Dict[str, np.ndarray]:
         """Every tensor: views of the mapping, or (mmap=False) one parallel read into one buffer."""
@@ -365,7 +368,25 @@ def views(base: np.ndarray, start: int, desc: ListDescriptor, readonly: bool) ->
                 out[key] = a
     except UnsupportedDTypeError as e:
         raise unsupported_dtype(desc, e) from None
+    except ValueError as e:  # the tensor that failed is the one after those made
+        raise too_many_dims(desc, len(out), e) from None
     return out
+
+
+#: numpy 1.x arrays have at most 32 dims (NPY_MAXDIMS); the format allows 64 (``format.MAX_DIMS``), as numpy 2.
+NUMPY_MAX_DIMS = 64 if int(np.__version__.split(".")[0]) >= 2 else 32
+
+
+def too_many_dims(desc: ListDescriptor, i: int, e: ValueError) -> Exception:
+    """The FormatError for tensor ``i`` when numpy refused its shape for having too many dims, else ``e``."""
+    ndim = len(desc.tensors.shapes[i])
+    if ndim <= NUMPY_MAX_DIMS:
+        return e
+    table = desc.tensors
+    return FormatError(f"{ndim} dims: numpy {np.__version__} arrays hold at most {NUMPY_MAX_DIMS} (numpy 2 holds "
+                       "the format's 64)", file=desc.file, tensor_index=i,
+                       tensor_name=table.names[i] if table.names is not None else None,
+                       field=f"{desc.pointer}/dims" if desc.pointer else "dims")
 
 
 def unsupported_dtype(desc: ListDescriptor, e: UnsupportedDTypeError, index: Optional[int] = None) -> FormatError:

@@ -44,7 +44,7 @@ import numpy as np
 from . import _backends, _lowlevel, reader, schema, writer
 from ._backends import is_url
 from ._commit import new_token, own_locations
-from ._datafile import check_crcs, first_tensor_in, region_target, unsupported_dtype
+from ._datafile import check_crcs, first_tensor_in, region_target, too_many_dims, unsupported_dtype
 from ._items import (Item, WriterBase, align, check_alignment, check_metadata, descriptor, descriptor_text,
                      fast_descriptor_text, layout, prepare, tensor_entries)
 from ._jsonio import dumps, set_at_pointer
@@ -204,12 +204,15 @@ class RemoteReader(TensorMapping):
             except UnsupportedDTypeError as e:
                 raise unsupported_dtype(self.descriptor, e, i) from None
             shape = table.shapes[i]
-            if i in got:
-                out.append(np.frombuffer(got[i], dtype=dt).reshape(shape))
-            else:
-                a = np.empty(shape, dtype=dt)
-                a.flags.writeable = False
-                out.append(a)
+            try:
+                if i in got:
+                    out.append(np.frombuffer(got[i], dtype=dt).reshape(shape))
+                else:
+                    a = np.empty(shape, dtype=dt)
+                    a.flags.writeable = False
+                    out.append(a)
+            except ValueError as e:
+                raise too_many_dims(self.descriptor, i, e) from None
         return out
 
     def _read_ranges(self, starts: List[int], ends: List[int], tensor_of: Callable[[int], Optional[int]]) -> list:

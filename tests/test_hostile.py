@@ -139,6 +139,34 @@ def test_sixty_four_dims_still_load(tmp_path):
     assert tl.load(tmp_path / "m.tl")["a"].shape == a.shape
 
 
+@pytest.mark.parametrize("how", ["load", "load-copy", "open-item", "open-empty", "memory-url"])
+def test_forty_dims_load_or_name_what_this_numpy_holds(tmp_path, how):
+    """Valid at 33-64 dims: numpy 2 makes the array; numpy 1.x (32 dims at most) gets a FormatError naming it."""
+    from tensorlist._datafile import NUMPY_MAX_DIMS
+
+    desc = _descriptor(dims=[1] * 39 + [2])
+    desc["tensors"][0]["name"] = "deep"
+    if how == "open-empty":
+        desc["tensors"][0].update(dims=[1] * 39 + [0], byteLength=0)
+    (tmp_path / "m.tl").write_text(json.dumps(desc))
+    (tmp_path / "d.data").write_bytes(np.arange(16, dtype=np.float32).tobytes())
+    path = str(tmp_path / "m.tl")
+    if how == "memory-url":
+        import fsspec
+
+        fs = fsspec.filesystem("memory")
+        fs.pipe({"/deep/m.tl": (tmp_path / "m.tl").read_bytes(), "/deep/d.data": (tmp_path / "d.data").read_bytes()})
+        path = "memory://deep/m.tl"
+    read = {"load": lambda: tl.load(path)["deep"], "load-copy": lambda: tl.load(path, mmap=False)["deep"],
+            "memory-url": lambda: tl.load(path)["deep"]}.get(how, lambda: tl.open(path)["deep"])
+    if NUMPY_MAX_DIMS >= 40:
+        assert read().shape == tuple(desc["tensors"][0]["dims"])
+    else:
+        with pytest.raises(tl.FormatError, match="40 dims: numpy .* at most 32") as info:
+            read()
+        assert (info.value.tensor_index, info.value.tensor_name, info.value.field) == (0, "deep", "dims")
+
+
 # --- one confinement rule, whatever the spelling of the path ---------------------------------
 
 def test_file_url_refuses_a_data_file_symlinked_out_of_the_directory(tmp_path):
