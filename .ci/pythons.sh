@@ -7,10 +7,11 @@
 #   bash .ci/pythons.sh 3.13 floors     # the named legs only
 #
 # Legs (python, what is installed, what runs):
-#   3.9 3.10 3.12   the README's two commands (torch from .ci/constraints.txt), then the suite
-#                   without the slow tests (-m "not slow"): the torch tests included
-#   3.13            the README's second command only (no torch at all): every test; the torch
-#                   tests skip with their reason
+#   3.9 3.10 3.12 3.13
+#                   the README's two commands (torch from .ci/constraints.txt: a wheel exists for
+#                   each), then the suite without the slow tests (-m "not slow"): torch tests included
+#   notorch         3.11 with the README's second command only (no torch at all): every test; the
+#                   torch tests skip with their reason
 #   floors          3.9 with every lower bound of the package and its extras installed exactly
 #                   (.ci/floors.py: dependencies, torch, remote, plot), then every test
 # Interpreters come from pyenv (part of this machine image) or a pythonX.Y on PATH; a listed Python
@@ -20,7 +21,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
-ALL_LEGS=(3.9 3.10 3.12 3.13 floors)
+ALL_LEGS=(3.9 3.10 3.12 3.13 notorch floors)
 LEGS=("${@:-${ALL_LEGS[@]}}")
 FAST=(-m "not slow")
 SUMMARY=()
@@ -100,8 +101,8 @@ floors() {
 
 for l in "${LEGS[@]}"; do
     case "$l" in
-        3.9|3.10|3.12) leg "$l" "$l" readme_both "${FAST[@]}" ;;
-        3.13) leg "$l" "$l" readme_no_torch ;;
+        3.9|3.10|3.12|3.13) leg "$l" "$l" readme_both "${FAST[@]}" ;;
+        notorch) leg notorch 3.11 readme_no_torch ;;
         floors) leg floors 3.9 floors ;;
         *) echo "pythons: unknown leg $l (legs: ${ALL_LEGS[*]})" >&2; FAILED=1 ;;
     esac
