@@ -98,12 +98,6 @@ class DType:
     itemsize: int
     ml_dtypes_since: Optional[str] = None
 
-    def __getattr__(self, attr):
-        # Reached only for attributes the instance lacks: ``numpy`` of an ml_dtypes row not yet resolved.
-        if attr != "numpy":
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {attr!r}")
-        return _resolve(self)
-
     @property
     def supported(self) -> bool:
         """Whether this installation can make arrays of the row (imports ml_dtypes for its rows)."""
@@ -115,6 +109,21 @@ class DType:
 
     def __reduce__(self):  # one object per row, and an unpickled row resolves in its own process
         return from_code, (self.code,)
+
+
+class _LazyDType(DType):
+    """An ml_dtypes row not yet resolved: its first ``numpy`` resolves it, and it becomes a plain DType.
+
+    The ``__getattr__`` lives here, not on DType: a class with one makes CPython's
+    attribute loads generic for all its instances (``row.numpy`` over 10k rows:
+    0.23 ms instead of 0.09), and readers read ``row.numpy`` once per tensor.
+    """
+
+    def __getattr__(self, attr):
+        # Reached only for attributes the instance lacks: ``numpy``, until resolved.
+        if attr != "numpy":
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {attr!r}")
+        return _resolve(self)
 
 
 def _stored(dt: np.dtype) -> np.dtype:
@@ -144,15 +153,15 @@ DTYPES: tuple = (
     _np_row(9, "complex64", np.complex64),
     _np_row(10, "complex128", np.complex128),
     _np_row(11, "bool", np.bool_),
-    DType(15, "bfloat16", 2, "0.4.0"),
-    DType(23, "float8_e5m2", 1, "0.4.0"),
-    DType(24, "float8_e4m3fn", 1, "0.4.0"),
-    DType(25, "float8_e5m2fnuz", 1, "0.4.0"),
-    DType(26, "float8_e4m3fnuz", 1, "0.4.0"),
+    _LazyDType(15, "bfloat16", 2, "0.4.0"),
+    _LazyDType(23, "float8_e5m2", 1, "0.4.0"),
+    _LazyDType(24, "float8_e4m3fn", 1, "0.4.0"),
+    _LazyDType(25, "float8_e5m2fnuz", 1, "0.4.0"),
+    _LazyDType(26, "float8_e4m3fnuz", 1, "0.4.0"),
     _np_row(27, "uint16", np.uint16),
     _np_row(28, "uint32", np.uint32),
     _np_row(29, "uint64", np.uint64),
-    DType(44, "float8_e8m0fnu", 1, "0.5.0"),
+    _LazyDType(44, "float8_e8m0fnu", 1, "0.5.0"),
 )
 
 # torch codes that exist but have no whole-byte numpy representation.
@@ -196,6 +205,7 @@ def _resolve(row: DType) -> np.dtype:
                                     f"{row.ml_dtypes_since}')", dtype=row.name)
     dt = _stored(np.dtype(t))
     object.__setattr__(row, "numpy", dt)
+    object.__setattr__(row, "__class__", DType)  # resolved: an ordinary row, the same object
     _BY_NUMPY[dt.newbyteorder("=")] = row
     return dt
 
