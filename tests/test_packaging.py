@@ -25,3 +25,36 @@ def test_declared_pythons_are_the_ones_ci_tests():
     assert set(declared) == tested, (declared, tested)
     oldest = min(tested, key=lambda v: tuple(map(int, v.split("."))))
     assert f'requires-python = ">={oldest}"' in text
+
+
+def _requirements(text: str, extra: str) -> list:
+    body = re.search(rf"^{extra} = \[(.*?)\]$", text, re.M | re.S).group(1)
+    return re.findall(r'"([^"]+)"', body)
+
+
+def test_framework_floors_are_what_the_main_run_installs():
+    """The jax, orbax, mlx and tensorflow extras' floors are pinned exactly for Python 3.11 (.ci/run's Python).
+
+    So the full suite runs on each framework's declared floor; the test extra installs the frameworks with
+    the same floors (tensorflow-cpu standing for tensorflow on Linux).
+    """
+    text = open(os.path.join(ROOT, "pyproject.toml"), encoding="utf-8").read()
+    from packaging.markers import Marker  # pytest's own dependency
+
+    main_run = {"python_version": "3.11", "python_full_version": "3.11.0", "sys_platform": "linux",
+                "platform_machine": "x86_64"}
+    pins = {}
+    for line in open(os.path.join(ROOT, ".ci", "constraints.txt"), encoding="utf-8"):
+        m = re.match(r"^([A-Za-z0-9_.-]+)==([^;\s]+)\s*(?:;\s*(.*))?$", line.strip())
+        if m and (m.group(3) is None or Marker(m.group(3)).evaluate(main_run)):
+            pins[m.group(1).lower()] = m.group(2)
+    test_extra = {re.split(r"[\[>=;\s]", r, 1)[0].lower(): r for r in _requirements(text, "test")}
+    checked = 0
+    for extra in ("jax", "orbax", "mlx", "tensorflow"):
+        for requirement in _requirements(text, extra):
+            name, floor = re.fullmatch(r"([A-Za-z0-9_.-]+)>=([0-9][0-9A-Za-z.]*)", requirement).groups()
+            pinned = "tensorflow-cpu" if name == "tensorflow" else name
+            assert pins.get(pinned) == floor, (extra, requirement, pins.get(pinned))
+            assert f">={floor}" in test_extra[pinned], (extra, requirement, test_extra[pinned])
+            checked += 1
+    assert checked == 5
