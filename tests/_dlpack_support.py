@@ -9,6 +9,7 @@ import ctypes
 
 import ml_dtypes
 import numpy as np
+import pytest
 
 import tensorlist as tl
 
@@ -85,3 +86,14 @@ class Capsule:
 
     def __dlpack_device__(self):
         return (1, 0)
+
+
+def cells(table):
+    """The pytest params (how, column, dtype, want) of a table how -> dtype ("*": any other) -> outcomes."""
+    for how, rows in table.items():
+        for column, (mode, aligned) in enumerate(COLUMNS):
+            for dtype in DTYPES:
+                want = rows.get(dtype, rows["*"])[column]
+                if want is not None:
+                    yield pytest.param(how, column, dtype, want,
+                                       id=f"{how}-mmap={mode!r}-{'aligned' if aligned else 'off64'}-{dtype}")

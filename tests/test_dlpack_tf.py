@@ -12,7 +12,7 @@ import pytest
 
 import tensorlist as tl
 
-from _dlpack_support import COLUMNS, DTYPES, capsule_info, save_files, view
+from _dlpack_support import COLUMNS, capsule_info, cells, save_files, view
 
 pytestmark = pytest.mark.slow
 
@@ -25,35 +25,26 @@ def files(tmp_path_factory):
     return save_files(tmp_path_factory.mktemp("dlpack-tf"))
 
 
-#: how -> outcome per column (see test_dlpack.TABLE), then the float8 row where it differs (None: no cell,
-#: TensorFlow exporting no float8 capsule to read the pointer of).
+#: as test_dlpack.TABLE; None: no cell (TensorFlow exports no float8 capsule to read the pointer of).
 TABLE = {
     "tf.experimental.dlpack.from_dlpack(tl.to_dlpack(a).__dlpack__())":
-        (["refuses", "refuses", "aliases", "aliases"], ["refuses"] * 4),
-    "tf.experimental.dlpack.from_dlpack(tl.to_dlpack(a).__dlpack__(max_version=(1, 0)))":
-        (["refuses"] * 4, None),
-    "tf.constant(a)": (["copies"] * 4, [None] * 4),
+        {"*": ["refuses", "refuses", "aliases", "aliases"], "float8_e4m3fn": ["refuses"] * 4},
+    "tf.experimental.dlpack.from_dlpack(tl.to_dlpack(a).__dlpack__(max_version=(1, 0)))": {"*": ["refuses"] * 4},
+    "tf.constant(a)": {"*": ["copies"] * 4, "float8_e4m3fn": [None] * 4},
+    "tf.convert_to_tensor(a)": {"*": ["copies"] * 4, "float8_e4m3fn": [None] * 4},
 }
 
 
 def _convert(how, a):
     if how == "tf.constant(a)":
         return tf.constant(a)
+    if how == "tf.convert_to_tensor(a)":
+        return tf.convert_to_tensor(a)
     capsule = tl.to_dlpack(a).__dlpack__(**({"max_version": (1, 0)} if "max_version" in how else {}))
     return tf.experimental.dlpack.from_dlpack(capsule)
 
 
-def _cells():
-    for how, (plain, float8) in TABLE.items():
-        for column, (mode, aligned) in enumerate(COLUMNS):
-            for dtype in DTYPES:
-                want = (float8 if dtype.startswith("float8") and float8 else plain)[column]
-                if want is not None:
-                    yield pytest.param(how, column, dtype, want,
-                                       id=f"{how}-mmap={mode!r}-{'aligned' if aligned else 'off64'}-{dtype}")
-
-
-@pytest.mark.parametrize("how,column,dtype,want", list(_cells()))
+@pytest.mark.parametrize("how,column,dtype,want", list(cells(TABLE)))
 def test_the_tensorflow_table(files, how, column, dtype, want):
     mode, aligned = COLUMNS[column]
     a = view(files, mode, aligned, dtype)
