@@ -385,19 +385,24 @@ def test_every_c_owned_region_is_released_through_owned():
 
 
 @pytest.mark.slow
-def test_a_process_exits_silently_holding_views_with_jax_imported(tmp_path):
+def test_a_process_exits_silently_holding_views_and_an_open_writer_with_jax_imported(tmp_path):
+    """Every release at exit (mappings, tl_alloc, a Writer's abort) runs after module globals were cleared."""
     pytest.importorskip("jax", reason="the exit-order defect showed with jax imported (pip install jax)")
     script = (
-        "import jax, numpy as np, sys, tensorlist as tl\n"
-        "p = sys.argv[1]\n"
+        "import jax, numpy as np, os, sys, tensorlist as tl\n"
+        "p = os.path.join(sys.argv[1], 'm.tl')\n"
         "tl.save(p, {'a': np.arange(1 << 20, dtype=np.float32), 'b': np.ones(3)})\n"
         "KEPT = [tl.load(p), tl.load(p, mmap='copy'), tl.load(p, mmap=False), tl.open(p)]\n"
         "KEPT.append(jax.device_put(KEPT[0]['a']))\n"
+        "W = tl.Writer(os.path.join(sys.argv[1], 'w.tl'))  # never committed: aborted at exit\n"
+        "W.add('a', np.ones(3))\n"
+        "R = W.reserve('r', (4,), np.float32)\n"
     )
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    out = subprocess.run([sys.executable, "-c", script, str(tmp_path / "m.tl")], capture_output=True,
+    out = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True,
                          text=True, timeout=120, env=env)
     assert out.returncode == 0 and out.stderr == "", out.stderr
+    assert sorted(p.name for p in tmp_path.iterdir() if "w.tl" in p.name) == []  # the open save was discarded
 
 
 @pytest.mark.parametrize("n", [0, 10, 3 << 20])
