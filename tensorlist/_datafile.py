@@ -4,9 +4,10 @@ A :class:`DataFile` is one opened data file, checked once (confined to the
 descriptor's directory, a regular file, long enough for every list read from
 it) and then mapped read-only (zero-copy read-only views), mapped
 copy-on-write (zero-copy writable views whose writes never reach the file) or
-kept as an fd for ``pread`` into private memory: the three :class:`ReadMode`s,
-parsed from every reader's ``mmap=`` argument by :func:`read_mode`. Every list of a document that shares a data
-file shares its one mapping. :func:`open_consistently` pairs descriptors with
+kept as an fd for ``pread`` into private memory: the three :class:`ReadMode`
+members, parsed from every reader's ``mmap=`` argument by :func:`read_mode`, the one
+parser. Every list of a document that shares a data file shares its one
+mapping. :func:`open_consistently` pairs descriptors with
 their data while another process may be replacing both, for every reader
 (``Reader``, ``load_document``, ``validate``). :func:`check_crcs` is the one
 CRC32C comparison, for local and remote readers alike, and
@@ -30,7 +31,8 @@ from .errors import ChecksumError, FormatError, UnsupportedDTypeError
 from .format import ListDescriptor, TensorInfo, check_data_path, check_data_size, open_regular
 
 __all__ = ["ReadMode", "read_mode", "DataFile", "ListData", "open_list", "open_consistently", "check_crcs",
-           "bytes_view", "region_target", "first_tensor_in", "writable_bytes", "views", "unsupported_dtype", "too_many_dims", "NUMPY_MAX_DIMS"]
+           "bytes_view", "region_target", "first_tensor_in", "writable_bytes", "views", "unsupported_dtype",
+           "too_many_dims", "NUMPY_MAX_DIMS"]
 
 #: How often a reader re-reads a descriptor that a concurrent save keeps replacing.
 MAX_REREADS = 100

@@ -28,7 +28,7 @@ import tensorlist as tl
 from tensorlist import _dtypes
 from tensorlist._torch_bridge import from_numpy
 from tensorlist.dcp import TensorListReader, TensorListWriter, read_full, validate_checkpoint
-from tensorlist.dcp_read import (METADATA_NAME, Shards, read_metadata, SCHEMA, StorageEntry, TensorMeta, schema_check, check_shape,
+from tensorlist.dcp_read import (METADATA_NAME, SCHEMA, Shards, StorageEntry, TensorMeta, schema_check, check_shape,
                                  metadata_document, parse_metadata, read_metadata)
 from tensorlist.errors import FormatError
 from tensorlist.schema import load_schema, schema_validator
