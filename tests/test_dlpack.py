@@ -18,8 +18,8 @@ import pytest
 import tensorlist as tl
 from tensorlist.dlpack import DLPackExport
 
-from _dlpack_support import (COLUMNS, K_DL_BFLOAT, K_DL_FLOAT, READ_ONLY, Capsule, capsule_info, cells, save_files,
-                             view)
+from _dlpack_support import (COLUMNS, K_DL_BFLOAT, K_DL_FLOAT, READ_ONLY, Capsule, capsule_info, cells,
+                             needs_versioned, save_files, view)
 
 
 
@@ -31,6 +31,7 @@ def files(tmp_path_factory):
 # --- the protocol, with numpy alone --------------------------------------------------------------
 
 class TestProtocol:
+    @needs_versioned
     def test_a_numpy_consumer_aliases_and_keeps_read_only(self, files):
         for mode in (True, "copy"):
             a = view(files, mode, True, "float32")
@@ -39,7 +40,8 @@ class TestProtocol:
             assert got.flags.writeable == (mode == "copy")
             np.testing.assert_array_equal(got, np.arange(64, dtype=np.float32))
 
-    def test_a_versioned_capsule_flags_a_read_onlyview(self, files):
+    @needs_versioned
+    def test_a_versioned_capsule_flags_a_read_only_view(self, files):
         for mode in (True, "copy"):
             a = view(files, mode, True, "float32")
             info = capsule_info(tl.to_dlpack(a).__dlpack__(max_version=(1, 0)))
@@ -59,6 +61,7 @@ class TestProtocol:
         info = capsule_info(tl.to_dlpack(a).__dlpack__())
         assert info["name"] == "dltensor" and info["data"] == a.ctypes.data
 
+    @needs_versioned
     def test_copy_true_exports_one_aligned_private_copy_only_when_needed(self, files):
         a = view(files, True, False, "float32")  # read-only, not 64-byte aligned
         e = tl.to_dlpack(a, copy=True)
@@ -70,11 +73,13 @@ class TestProtocol:
         # a versioned consumer still gets the view itself, flagged
         assert capsule_info(e.__dlpack__(max_version=(1, 0)))["data"] == a.ctypes.data
 
+    @needs_versioned
     def test_a_consumer_asking_for_a_copy_gets_one(self, files):
         a = view(files, True, True, "float32")
         info = capsule_info(tl.to_dlpack(a).__dlpack__(max_version=(1, 0), copy=True))
         assert info["data"] != a.ctypes.data and not info["flags"] & READ_ONLY
 
+    @needs_versioned
     @pytest.mark.parametrize("dtype,code,bits", [("bfloat16", K_DL_BFLOAT, 16), ("float8_e4m3fn", 10, 8),
                                                  ("float8_e5m2", 12, 8)])
     def test_bfloat16_and_float8_are_the_same_bytes_retyped(self, files, dtype, code, bits):
@@ -87,6 +92,19 @@ class TestProtocol:
         legacy = capsule_info(tl.to_dlpack(a).__dlpack__())
         assert (legacy["name"], legacy["code"], legacy["data"]) == ("dltensor", code, a.ctypes.data)
         assert a.dtype == getattr(ml_dtypes, dtype)  # the array itself is untouched
+
+    def test_a_numpy_without_versioned_export_falls_back_to_the_legacy_protocol(self, files):
+        class LegacyOnly(np.ndarray):  # numpy before 2.1: __dlpack__(stream=None) and nothing else
+            def __dlpack__(self, *, stream=None):
+                return np.asarray(self).__dlpack__(stream=stream)
+
+        for dtype, code in (("float32", K_DL_FLOAT), ("bfloat16", K_DL_BFLOAT)):
+            ro = view(files, True, True, dtype).view(LegacyOnly)
+            with pytest.raises(BufferError, match='load it with mmap="copy"'):
+                tl.to_dlpack(ro).__dlpack__(max_version=(1, 0))
+            rw = view(files, "copy", True, dtype).view(LegacyOnly)
+            info = capsule_info(tl.to_dlpack(rw).__dlpack__(max_version=(1, 0)))
+            assert (info["name"], info["code"], info["data"]) == ("dltensor", code, rw.ctypes.data)
 
     def test_the_export_keeps_the_mapping_alive(self, files):
         e = tl.to_dlpack(tl.load(files[True], mmap="copy")["float32"])
