@@ -195,9 +195,9 @@ class Commit:
             pass  # no flock here: then no sweep runs either (see _flock)
         self._dir_fd = fd
 
-    def _release_dir(self) -> None:
+    def _release_dir(self, _close=os.close) -> None:
         if self._dir_fd is not None:
-            os.close(self._dir_fd)
+            _close(self._dir_fd)
             self._dir_fd = None
 
     def open_data(self) -> int:
@@ -301,16 +301,23 @@ class Commit:
             return []
         return own_locations(doc, self.base)
 
-    def abort(self) -> None:
+    def abort(self, _close=os.close, _unlink=os.unlink) -> None:
+        """Removes what this save wrote; the previous file stays.
+
+        A Writer left open runs this from its ``__del__``, possibly while the
+        interpreter tears down and this module's globals (``os``) are None:
+        the calls it makes are bound when the module is made, as
+        ``_lowlevel.owned`` binds the C core's release.
+        """
         if self.fd is not None:
             try:
-                os.close(self.fd)
+                _close(self.fd)
             except OSError:
                 pass
             self.fd = None
         for p in (self.data_tmp, self.desc_tmp) + ((self.data_path,) if self.data_renamed and not self.lamp else ()):
             try:
-                os.unlink(p)
+                _unlink(p)
             except OSError:
                 pass
-        self._release_dir()
+        self._release_dir(_close)

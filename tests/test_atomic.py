@@ -3,6 +3,7 @@
 FORMAT.md 5.3: whenever the writing process dies, the path loads either the complete old content or
 the complete new content; a failed save leaves the old file and no temporary files behind.
 """
+import gc
 import os
 import random
 import select
@@ -17,6 +18,7 @@ import numpy as np
 import pytest
 
 import tensorlist as tl
+from tensorlist import _commit
 
 # Two distinguishable contents, built the same way in this process and in the children.
 CONTENT_SRC = textwrap.dedent("""
@@ -284,3 +286,19 @@ def test_replacing_never_deletes_a_data_file_it_did_not_name(tmp_path):
     tl.save(path, [np.ones(2)])
     assert (tmp_path / "m.tl.data.bak").exists()
     assert tl.load(path)["0"].tolist() == [1, 1]
+
+
+def test_an_abandoned_writer_is_discarded_even_once_teardown_cleared_the_modules(tmp_path, monkeypatch):
+    """A Writer left open is aborted by its __del__, which may run at interpreter exit."""
+    w = tl.Writer(tmp_path / "w.tl")
+    w.add("a", np.ones(3))
+    w.reserve("r", (4,), np.float32)
+    assert list(tmp_path.iterdir())  # its temporary data file
+    unraisable = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    monkeypatch.setattr(_commit, "os", None)  # what teardown does to module globals
+    del w
+    gc.collect()
+    monkeypatch.undo()
+    assert unraisable == []
+    assert list(tmp_path.iterdir()) == []
