@@ -9,6 +9,10 @@ What TensorFlow 2.21 does, measured, and what follows here:
   versioned capsule that carries the read-only flag. Over a copy-on-write
   mapping (``tensorlist.load(path, mmap="copy")``) the tensors are zero-copy and
   the file never changes; a read-only array is copied (``tf.constant``).
+- TensorFlow's kernels need 64-byte aligned data (:data:`TF_ALIGNMENT`); a
+  less aligned DLPack tensor is accepted, then **aborts the process** at its
+  first op. Less aligned arrays (files saved with ``alignment`` < 64) are
+  copied.
 - DLPack has no bfloat16 or float8 code that numpy exports: bfloat16 crosses
   as its ``uint16`` bits and is re-typed by ``tf.bitcast``, which shares the
   buffer (zero-copy too). ``tf.bitcast`` refuses the float8 types, so float8
@@ -28,7 +32,7 @@ import tensorflow as tf
 
 from . import _dtypes
 
-__all__ = ["is_tensor", "refusal", "to_numpy", "from_numpy", "tf_dtype", "state_to_numpy", "HELD", "address"]
+__all__ = ["is_tensor", "refusal", "to_numpy", "from_numpy", "tf_dtype", "state_to_numpy", "HELD", "address", "TF_ALIGNMENT"]
 
 _F8 = ("float8_e5m2", "float8_e4m3fn", "float8_e5m2fnuz", "float8_e4m3fnuz")
 _PLAIN = ("uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64", "float16", "float32",
@@ -44,6 +48,10 @@ _BY_TF = {v: k for k, v in HELD.items()}
 #: Dtypes that cross by DLPack (numpy exports them), and those re-typed from their bits by tf.bitcast.
 _DLPACK = frozenset(_PLAIN)
 _BITCAST = {"bfloat16": (np.uint16, tf.uint16)}
+#: The alignment TensorFlow's kernels CHECK (``Tensor::CheckTypeAndIsAligned``, EIGEN_MAX_ALIGN_BYTES): a
+#: DLPack tensor at a less aligned address is taken without complaint, then aborts the process at its first
+#: op (``Check failed: IsAligned()``, measured at 8, 16 and 32 bytes). tensorlist's default alignment is 64.
+TF_ALIGNMENT = 64
 
 
 class _Capsule:
@@ -114,7 +122,7 @@ def to_numpy(t, where: str = "tensor") -> np.ndarray:
 
 
 def from_numpy(a: np.ndarray, where: str = "tensor") -> "tf.Tensor":
-    """A tf.Tensor of ``a``: aliasing it when ``a`` is writable and C-contiguous (DLPack), else a copy.
+    """A tf.Tensor of ``a``: aliasing it when writable, C-contiguous and 64-byte aligned (DLPack), else a copy.
 
     Safety: an aliased tensor shares ``a``'s memory (DLPack keeps ``a`` alive);
     TensorFlow never writes into it, but a write into ``a`` shows in the tensor.
@@ -128,7 +136,7 @@ def from_numpy(a: np.ndarray, where: str = "tensor") -> "tf.Tensor":
         raise TypeError(f"{where}: {why}")
     if not a.dtype.isnative and a.dtype.itemsize > 1:
         a = _native(a)
-    if a.flags.writeable and a.flags.c_contiguous:
+    if a.flags.writeable and a.flags.c_contiguous and a.size and a.ctypes.data % TF_ALIGNMENT == 0:
         if row.name in _DLPACK:
             return tf.experimental.dlpack.from_dlpack(a.__dlpack__())
         if row.name in _BITCAST:

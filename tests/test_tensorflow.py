@@ -142,13 +142,31 @@ def test_save_reads_cpu_tensors_in_place(name):
     assert ttf.to_numpy(v).ctypes.data == ttf.address(v)
 
 
+def _at(a: np.ndarray, misalign: int = 0) -> np.ndarray:
+    """A writable copy of ``a`` at an address ``misalign`` bytes past a multiple of 64."""
+    buf = np.empty(a.nbytes + 128, np.uint8)
+    start = (-buf.ctypes.data) % 64 + misalign
+    out = buf[start:start + a.nbytes].view(a.dtype).reshape(a.shape)
+    out[...] = a
+    return out
+
+
 @pytest.mark.parametrize("name", ALIASED)
-def test_writable_arrays_are_aliased_read_only_ones_copied(name):
-    a = _sample(name, (4, 8))
+def test_aligned_writable_arrays_are_aliased_others_copied(name):
+    a = _at(_sample(name, (4, 8)))
     assert ttf.address(ttf.from_numpy(a)) == a.ctypes.data
     a.flags.writeable = False  # numpy exports no read-only array by the legacy DLPack protocol
     t = ttf.from_numpy(a)
     assert ttf.address(t) != a.ctypes.data and _tensor_bits(t) == _bits(a)
+
+
+@pytest.mark.parametrize("misalign", [8, 16, 32])
+def test_less_than_64_byte_aligned_arrays_are_copied(misalign):
+    # aliased, TensorFlow would abort the process at the first op ("Check failed: IsAligned()")
+    a = _at(np.arange(16, dtype=np.float64), misalign)
+    t = ttf.from_numpy(a)
+    assert ttf.address(t) != a.ctypes.data
+    assert float(tf.reduce_sum(t + 1)) == 136.0
 
 
 @pytest.mark.parametrize("mmap", [True, "copy", False])
