@@ -261,3 +261,22 @@ def test_safetensors_converted_file_loads(tmp_path):
     convert(str(tmp_path / "m.safetensors"), str(tmp_path / "m.tl"))
     w = ttf.load(tmp_path / "m.tl")["w"]
     assert w.dtype == tf.float16 and w.numpy().tolist() == [[0, 1, 2], [3, 4, 5]]
+
+
+@pytest.mark.slow
+def test_imports_stay_apart():
+    """``tensorlist.tensorflow`` imports no framework TensorFlow does not (a fresh interpreter: seconds).
+
+    TensorFlow 2.21 itself imports jax when it is installed, so the child compares with ``import tensorflow``.
+    """
+    import json
+    import subprocess
+
+    code = ("import json, sys\n"
+            "def fw(): return sorted(m for m in ('mlx', 'tensorflow', 'torch', 'jax') if m in sys.modules)\n"
+            "import tensorlist; bare = fw()\n"
+            "import tensorflow; base = fw()\n"
+            "import tensorlist.tensorflow; print(json.dumps([bare, base, fw()]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    bare, base, after = json.loads(out.stdout.strip().splitlines()[-1])
+    assert bare == [] and "tensorflow" in base and after == base
