@@ -208,6 +208,15 @@ def test_tensors_keep_the_mapping_alive_and_the_file_never_changes(tmp_path):
     assert _tensor_bits(t) == _bits(w) and data.read_bytes() == before
 
 
+def test_loaded_tensors_survive_the_file_being_replaced(tmp_path):
+    old, new = _sample("float32", (512,)), _sample("float32", (512,), seed=1)
+    tl.save(tmp_path / "r.tl", {"w": old})
+    t = ttf.load(tmp_path / "r.tl")["w"]
+    tl.save(tmp_path / "r.tl", {"w": new})  # a new data file; the old one is swept away
+    gc.collect()
+    assert _tensor_bits(t) == _bits(old) and _tensor_bits(ttf.load(tmp_path / "r.tl")["w"]) == _bits(new)
+
+
 def test_variables_from_a_load(tmp_path):
     tl.save(tmp_path / "m.tl", {"dense/kernel": np.eye(3, dtype=np.float32)})
     variables = {k: tf.Variable(t, name=k.replace("/", "_")) for k, t in ttf.load(tmp_path / "m.tl").items()}
