@@ -57,7 +57,9 @@ def _frozen_dict():
 
 
 def _pure_dict(state) -> Tuple[List[Any], List[Any]]:
-    pure = state.to_pure_dict()
+    from flax import nnx  # imported already: the program holds a State
+
+    pure = nnx.to_pure_dict(state)
     return list(pure.keys()), list(pure.values())
 
 
