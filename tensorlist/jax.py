@@ -155,6 +155,14 @@ def load(path, *, sharding: Any = None, device: Any = None, mmap: bool = True, v
         TypeError: a leaf jax cannot hold (64-bit without x64 and without
             ``downcast``), naming it.
         ValueError: a ``sharding`` tree that does not match the saved tree.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, tempfile, os, tensorlist.jax as tlj
+        >>> path = os.path.join(tempfile.mkdtemp(), "t.tl")
+        >>> tlj.save(path, (jnp.ones(2), None, [jnp.arange(3)]))
+        >>> tree = tlj.load(path, device=jax.devices()[0])
+        >>> type(tree).__name__, tree[1], tree[2][0].tolist()
+        ('tuple', None, [0, 1, 2])
     """
     if sharding is not None and device is not None:
         raise ValueError("give sharding= or device=, not both")
@@ -273,6 +281,15 @@ def load_nnx(path, model, **kwargs) -> Any:
         path: a file saved with ``save(path, nnx.state(model))``.
         model: an ``nnx.Module`` of the same structure.
         **kwargs: as :func:`load` (``sharding``, ``device``, ...).
+
+    Example:
+        >>> import tempfile, os, tensorlist.jax as tlj
+        >>> from flax import nnx
+        >>> path = os.path.join(tempfile.mkdtemp(), "m.tl")
+        >>> tlj.save(path, nnx.state(nnx.Linear(2, 3, rngs=nnx.Rngs(0))))
+        >>> model = tlj.load_nnx(path, nnx.Linear(2, 3, rngs=nnx.Rngs(1)))
+        >>> bool((model.kernel[...] == nnx.Linear(2, 3, rngs=nnx.Rngs(0)).kernel[...]).all())
+        True
     """
     from flax import nnx
 

@@ -115,6 +115,13 @@ class TestRoundTrip:
         gc.collect()
         assert float(w.sum()) == 1023 * 1024 / 2
 
+    def test_a_donated_leaf_never_writes_the_file(self, tmp_path):
+        import tensorlist.jax as tlj
+
+        tlj.save(tmp_path / "t.tl", {"w": jnp.zeros(256)})
+        bumped = jax.jit(lambda x: x + 1, donate_argnums=0)(tlj.load(tmp_path / "t.tl")["w"])
+        assert float(bumped.sum()) == 256 and not tensorlist.load(tmp_path / "t.tl")["w"].any()
+
     def test_device(self, tmp_path):
         import tensorlist.jax as tlj
 
