@@ -29,8 +29,8 @@ def _data_file(path) -> str:
     return os.path.join(os.path.dirname(path), tensorlist.open(path).descriptor.location)
 
 
-def _mapped_from(ptr: int, data_file: str) -> bool:
-    """Whether ``ptr`` lies in a mapping of ``data_file`` in this process (Linux's /proc/self/maps)."""
+def _file_offset(ptr: int, data_file: str):
+    """The offset in ``data_file`` that ``ptr`` maps in this process (Linux's /proc/self/maps), or None."""
     real = os.path.realpath(data_file)
     with open("/proc/self/maps") as f:
         for line in f:
@@ -38,8 +38,14 @@ def _mapped_from(ptr: int, data_file: str) -> bool:
             if len(parts) == 6 and parts[5].strip() == real:
                 lo, hi = (int(x, 16) for x in parts[0].split("-"))
                 if lo <= ptr < hi:
-                    return True
-    return False
+                    return ptr - lo + int(parts[2], 16)
+    return None
+
+
+def _file_offsets(path) -> dict:
+    """Each tensor's first byte in the data file, as the descriptor says."""
+    d = tensorlist.open(path).descriptor
+    return {t.key: d.byte_offset + t.byte_offset for t in d.tensors}
 
 
 needs_maps = pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="the mapping check reads /proc/self/maps")
@@ -98,12 +104,15 @@ class TestRoundTrip:
 
         tlj.save(tmp_path / "t.tl", _tree_sample())
         back = tlj.load(tmp_path / "t.tl")
-        data = _data_file(tmp_path / "t.tl")
-        leaves = [x for x in jax.tree_util.tree_leaves(back) if x.size]
-        assert {str(x.dtype) for x in leaves} >= {"bfloat16", "float8_e4m3fn", "float8_e5m2", "float32"}
-        assert all(_mapped_from(x.unsafe_buffer_pointer(), data) for x in leaves)
-        assert not any(_mapped_from(x.unsafe_buffer_pointer(), data)
-                       for x in jax.tree_util.tree_leaves(tlj.load(tmp_path / "t.tl", mmap=False)) if x.size)
+        data, offsets = _data_file(tmp_path / "t.tl"), _file_offsets(tmp_path / "t.tl")
+        leaves = dict(_tree.encode(back)[1])  # name -> leaf, as save named them
+        assert {str(x.dtype) for x in leaves.values()} >= {"bfloat16", "float8_e4m3fn", "float8_e5m2", "float32"}
+        for name, x in leaves.items():
+            if x.size:
+                assert _file_offset(x.unsafe_buffer_pointer(), data) == offsets[name], name
+        copied = tlj.load(tmp_path / "t.tl", mmap=False)
+        assert all(_file_offset(x.unsafe_buffer_pointer(), data) is None
+                   for x in jax.tree_util.tree_leaves(copied) if x.size)
 
     def test_arrays_outlive_the_reader(self, tmp_path):
         import gc
@@ -237,10 +246,13 @@ class TestSharding:
         sh = NamedSharding(mesh, P("x"))
         back = tlj.load(tmp_path / "t.tl", sharding=sh)
         _assert_same_tree(tree, back)
-        data = _data_file(tmp_path / "t.tl")
-        for x in back.values():
+        data, offsets = _data_file(tmp_path / "t.tl"), _file_offsets(tmp_path / "t.tl")
+        for name, x in back.items():
             assert x.sharding == sh and len(x.addressable_shards) == 4
-            assert all(_mapped_from(s.data.unsafe_buffer_pointer(), data) for s in x.addressable_shards)
+            row = x.nbytes // x.shape[0]
+            for s in x.addressable_shards:
+                start = offsets[name] + (s.index[0].start or 0) * row
+                assert _file_offset(s.data.unsafe_buffer_pointer(), data) == start
 
     def test_a_tree_of_targets_with_none_and_shape_dtype_structs(self, tmp_path, mesh):
         import tensorlist.jax as tlj
