@@ -38,8 +38,8 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 from ._jsonio import MAX_DEPTH
 from .errors import FormatError, short_repr
 
-__all__ = ["JAX_TREE_FORMAT", "MAX_TREE_DEPTH", "ROOT_NAME", "NodeType", "register", "unregister", "encode", "check", "build",
-           "decode", "render", "node_of", "make_header", "tree_header", "Plan"]
+__all__ = ["JAX_TREE_FORMAT", "MAX_TREE_DEPTH", "ROOT_NAME", "NodeType", "register", "unregister", "encode", "check",
+           "build", "decode", "render", "node_of", "make_header", "tree_header", "Plan"]
 
 #: The ``format`` of the metadata a tree file carries:
 #: ``{"format": JAX_TREE_FORMAT, "tree": <spec>, "metadata": <user metadata>}``.

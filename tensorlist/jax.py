@@ -140,7 +140,7 @@ def load(path, *, sharding: Any = None, device: Any = None, mmap: bool = True, v
             into private memory first.
         verify: check the stored CRC32Cs first.
         downcast: with ``jax_enable_x64`` off, convert 64-bit leaves to 32
-            bits (a copy that truncates) instead of refusing them.
+            bits (a copy that truncates) instead of refusing them (files only).
         **kwargs: the reader's limits (``max_tensors``...; files only).
 
     Returns:
@@ -170,6 +170,9 @@ def load(path, *, sharding: Any = None, device: Any = None, mmap: bool = True, v
         raise TypeError(f"device must be a jax.Device (jax.devices()[i]), not {type(device).__name__}")
     path = os.fspath(path)
     if os.path.isdir(path):
+        if downcast or kwargs:
+            raise ValueError(f"{path}: a checkpoint directory takes sharding=, device=, mmap= and verify= only, "
+                             f"not {['downcast'] * bool(downcast) + sorted(kwargs)}")
         return _load_dir(path, sharding, device, mmap, verify)
     with reader.Reader(path, mmap=mmap, **kwargs) as r:
         header = _tree.tree_header(r.descriptor.metadata, file=r.path)
