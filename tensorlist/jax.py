@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import importlib
 import os
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Tuple
 
 import jax
 import numpy as np
@@ -238,7 +238,7 @@ def _targets(spec, sharding, device, stored: Dict[str, Tuple[Tuple[int, ...], np
         if target is None or isinstance(target, jax.sharding.Sharding):  # a prefix: the whole subtree
             stack.extend((c, target, path + (t,)) for t, c in zip(tokens, node["children"]))
             continue
-        found = _tree.node_of(target, path)
+        found = _tree.node_of(target, where)
         if found is None or found[0] == "none":
             raise ValueError(f"sharding tree at {where}: the file holds a {kind} here, the sharding tree a "
                              f"{type(target).__name__}")
