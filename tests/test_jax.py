@@ -163,6 +163,17 @@ class TestRoundTrip:
             tlj.save(tmp_path / "t.tl", {"q": jnp.zeros(2, jnp.int4)})
         assert not os.path.exists(tmp_path / "t.tl")
 
+    def test_an_array_of_several_processes_points_to_sharded_save(self, tmp_path, monkeypatch):
+        import tensorlist.jax as tlj
+
+        class Global:  # what a jax.Array sharded across processes answers (one process cannot make one)
+            is_fully_addressable = False
+
+        monkeypatch.setattr(tlj, "is_array", lambda v: isinstance(v, (Global, jax.Array)))
+        with pytest.raises(ValueError, match=r"tensor 'w' is sharded across processes.*sharded=True"):
+            tlj.save(tmp_path / "t.tl", {"b": jnp.ones(1), "w": Global()})
+        assert not os.path.exists(tmp_path / "t.tl")
+
 
 @needs_jax
 class TestNNX:
@@ -405,6 +416,14 @@ def test_cli_inspect_shows_the_tree_without_jax(tmp_path):
     assert "│       ├── 'kernel': params/dense/kernel  bfloat16 (2, 3)" in text
     assert "        ├── [1]: None" in text
     assert '  metadata: {\n  "step": 5\n}' in text and '"kind"' not in text
+
+
+def test_cli_inspect_of_a_bad_tree_header(tmp_path, capsys):
+    from tensorlist import cli
+
+    tensorlist.save(tmp_path / "h.tl", _W, metadata={"format": _tree.JAX_TREE_FORMAT, "tree": 1})
+    assert cli.main(["inspect", str(tmp_path / "h.tl")]) == 0
+    assert "  tree: invalid (a tensorlist.jax-tree/1 header has exactly the fields" in capsys.readouterr().out
 
 
 def test_convert_to_safetensors_and_back_keeps_every_leaf(tmp_path):
