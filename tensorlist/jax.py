@@ -140,7 +140,7 @@ def load(path, *, sharding: Any = None, device: Any = None, mmap: bool = True, v
             into private memory first.
         verify: check the stored CRC32Cs first.
         downcast: with ``jax_enable_x64`` off, convert 64-bit leaves to 32
-            bits (a copy that truncates) instead of refusing them (files only).
+            bits (a copy that truncates) instead of refusing them.
         **kwargs: the reader's limits (``max_tensors``...; files only).
 
     Returns:
@@ -170,10 +170,10 @@ def load(path, *, sharding: Any = None, device: Any = None, mmap: bool = True, v
         raise TypeError(f"device must be a jax.Device (jax.devices()[i]), not {type(device).__name__}")
     path = os.fspath(path)
     if os.path.isdir(path):
-        if downcast or kwargs:
-            raise ValueError(f"{path}: a checkpoint directory takes sharding=, device=, mmap= and verify= only, "
-                             f"not {['downcast'] * bool(downcast) + sorted(kwargs)}")
-        return _load_dir(path, sharding, device, mmap, verify)
+        if kwargs:
+            raise ValueError(f"{path}: a checkpoint directory takes sharding=, device=, mmap=, verify= and "
+                             f"downcast= only, not {sorted(kwargs)}")
+        return _load_dir(path, sharding, device, mmap, verify, downcast)
     with reader.Reader(path, mmap=mmap, **kwargs) as r:
         header = _tree.tree_header(r.descriptor.metadata, file=r.path)
         if header is None:
@@ -191,7 +191,7 @@ def load(path, *, sharding: Any = None, device: Any = None, mmap: bool = True, v
     return _tree.build(plan, arrays)
 
 
-def _load_dir(path: str, sharding, device, mmap: bool, verify: bool) -> Any:
+def _load_dir(path: str, sharding, device, mmap: bool, verify: bool, downcast: bool) -> Any:
     with _shards().open_dir(path, mmap=mmap, verify=verify) as ck:
         header = _tree.tree_header(ck.header, file=path, field="/tree")
         if header is None:
@@ -199,10 +199,11 @@ def _load_dir(path: str, sharding, device, mmap: bool, verify: bool) -> Any:
                               "tensorlist.dcp_read.read_full", file=path, field="/tree")
         plan = _tree.check(header["tree"], ck.names(), file=path, field="/tree/tree")
         for n in plan.leaves:
-            check_dtype(ck.dtype(n), n)
+            check_dtype(ck.dtype(n), n, downcast=downcast)
         targets = _targets(header["tree"], sharding, device, {n: (tuple(ck.shape(n)), ck.dtype(n))
-                                                              for n in plan.leaves}, False, path)
-        arrays = {n: ck.load(n, targets[n]) for n in plan.leaves}
+                                                              for n in plan.leaves}, downcast, path)
+        opt = {"downcast": True} if downcast else {}  # the contract's load(name, target), plus the opt-in
+        arrays = {n: ck.load(n, targets[n], **opt) for n in plan.leaves}
     return _tree.build(plan, arrays)
 
 
