@@ -522,3 +522,16 @@ class TestShardsContract:
             tlj.load(tmp_path / "ckpt", sharding=sds)
         with pytest.raises(ValueError, match=r"ckpt: a checkpoint directory takes .* not \['max_tensors'\]"):
             tlj.load(tmp_path / "ckpt", max_tensors=3)
+
+
+@needs_jax
+def test_cli_inspect_draws_a_sharded_checkpoints_tree(tmp_path, capsys):
+    pytest.importorskip("tensorlist._jax_shards", reason="sharded checkpoints are the shards branch's (_jax_shards)")
+    import tensorlist.jax as tlj
+    from tensorlist import cli
+
+    tlj.save(tmp_path / "ckpt", {"w": jnp.ones((2, 3)), "opt": [None]}, sharded=True, metadata={"step": 4})
+    assert cli.main(["inspect", str(tmp_path / "ckpt")]) == 0
+    out = capsys.readouterr().out
+    assert "  tree (tensorlist.jax-tree/1):\n    dict\n    ├── 'w': w  float32 (2, 3)\n" in out
+    assert '"step": 4' in out
