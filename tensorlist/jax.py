@@ -132,8 +132,8 @@ def load(path, *, sharding: Any = None, device: Any = None, mmap: bool = True, v
             matching the saved one whose leaves are Shardings,
             ``jax.ShapeDtypeStruct`` (its ``.sharding`` is used, its shape and
             dtype checked against the file) or None (the default placement);
-            a None, Sharding or ShapeDtypeStruct-free subtree position may
-            stand for a whole subtree (a prefix, as in jax).
+            a None or a Sharding in place of a subtree applies to every leaf
+            below it (a prefix, as in jax).
         device: any jax device (a ``jax.Device``): every leaf there. Not with
             ``sharding``.
         mmap: map the file (default: zero-copy onto CPU devices) or read it
