@@ -129,7 +129,7 @@ def load(path, *, sharding: Any = None, device: Any = None, mmap: bool = True, v
     Args:
         path: the descriptor file or checkpoint directory.
         sharding: None, one ``jax.sharding.Sharding`` for every leaf, or a tree
-            matching the saved one whose leaves are Shardings,
+            matching the saved one whose leaves are Shardings, jax Devices,
             ``jax.ShapeDtypeStruct`` (its ``.sharding`` is used, its shape and
             dtype checked against the file) or None (the default placement);
             a None or a Sharding in place of a subtree applies to every leaf
@@ -270,8 +270,8 @@ def _leaf_target(name: str, target, stored: Tuple[Tuple[int, ...], np.dtype], do
                               f"asks for {np.dtype(target.dtype)} {tuple(target.shape)}", file=file,
                               tensor_name=name)
         return target.sharding
-    raise TypeError(f"sharding tree at {where}: a leaf's target is a Sharding, a ShapeDtypeStruct or None, "
-                    f"not {type(target).__name__}")
+    raise TypeError(f"sharding tree at {where}: a leaf's target is a Sharding, a Device, a ShapeDtypeStruct or "
+                    f"None, not {type(target).__name__}")
 
 
 def load_nnx(path, model, **kwargs) -> Any:
