@@ -52,7 +52,10 @@ needs_maps = pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="t
 
 
 def _tree_sample():
-    from flax.core import FrozenDict
+    try:
+        from flax.core import FrozenDict
+    except ImportError:  # the FrozenDict node is tested where flax is installed
+        FrozenDict = dict
 
     return {
         "params": FrozenDict({"dense": {"kernel": jnp.arange(6, dtype=jnp.bfloat16).reshape(2, 3),
@@ -76,8 +79,8 @@ def _assert_same_tree(a, b):
 class TestRoundTrip:
     def test_every_node_comes_back_as_it_was(self, tmp_path):
         import tensorlist.jax as tlj
-        from flax.core import FrozenDict
 
+        FrozenDict = pytest.importorskip("flax.core", reason="FrozenDict nodes need flax (CI installs it)").FrozenDict
         tree = _tree_sample()
         tlj.save(tmp_path / "t.tl", tree, metadata={"step": 7})
         back = tlj.load(tmp_path / "t.tl")
@@ -178,9 +181,9 @@ class TestRoundTrip:
 @needs_jax
 class TestNNX:
     def test_state_saved_through_its_pure_dict_and_loaded_into_a_model(self, tmp_path):
-        from flax import nnx
-
         import tensorlist.jax as tlj
+
+        nnx = pytest.importorskip("flax.nnx", reason="NNX states need flax (CI installs it)")
 
         def model(seed):
             return nnx.Sequential(nnx.Linear(2, 3, rngs=nnx.Rngs(seed)), nnx.BatchNorm(3, rngs=nnx.Rngs(seed)))
