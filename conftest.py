@@ -14,3 +14,5 @@ if importlib.util.find_spec("mlx") is None:
     collect_ignore += ["tensorlist/mlx.py", "tensorlist/_mlx_bridge.py"]
 if importlib.util.find_spec("tensorflow") is None:
     collect_ignore += ["tensorlist/tensorflow.py", "tensorlist/_tf_bridge.py"]
+if importlib.util.find_spec("jax") is None:
+    collect_ignore += ["tensorlist/jax.py", "tensorlist/_jax_bridge.py"]
