@@ -12,6 +12,9 @@ with a reason.
   fresh ``s3://bucket/xxxxxxxx`` folder in it.
 """
 import os
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+
 import socket
 import types
 import uuid
