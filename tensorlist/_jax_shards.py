@@ -13,7 +13,9 @@ Saving (:func:`save_dir`, called by every process with the same arrays):
 1. the plan, which every process computes alike without communicating: each
    distinct index of ``sharding.devices_indices_map(shape)`` is one chunk,
    saved from the first device (by device id) holding it (replica 0) by the
-   process owning that device; a host value (numpy) is one chunk of process 0;
+   process owning that device; a host value (numpy), and while several
+   processes run a ``jax.Array`` each process holds whole (a process-local
+   value, the same in every process), is one chunk, written by process 0;
 2. process 0 draws the saveId and broadcasts it (one process: no collective);
 3. each process writes its chunks from its ``addressable_shards`` as
    ``<process>.<saveId>.tl`` through :func:`tensorlist.writer.save` (atomic);
@@ -118,7 +120,9 @@ def plan_chunks(name: str, value: Any) -> Tuple[str, Tuple[int, ...], List[Chunk
     Each distinct index of ``value.sharding.devices_indices_map(shape)`` is one
     chunk, written from the first device (by id) holding it; empty indices are
     skipped, and an array without elements is one (empty) chunk. A value that
-    is not a ``jax.Array`` is one chunk of process 0.
+    is not a ``jax.Array``, or that is fully addressable while several
+    processes run (each holds its own copy, on its own devices: their plans
+    would disagree), is one chunk of process 0.
 
     Returns:
         (dtype name, shape, chunks ordered by offsets)
@@ -130,7 +134,8 @@ def plan_chunks(name: str, value: Any) -> Tuple[str, Tuple[int, ...], List[Chunk
     """
     shape = tuple(int(d) for d in np.shape(value))
     dtype = _dtype_name(value.dtype, name) if hasattr(value, "dtype") else _dtype_name(np.asarray(value).dtype, name)
-    if not _jax_bridge.is_array(value) or _numel(shape) == 0:
+    if (not _jax_bridge.is_array(value) or _numel(shape) == 0
+            or (jax.process_count() > 1 and value.is_fully_addressable)):
         return dtype, shape, [Chunk((0,) * len(shape), shape, None, 0)]
     owners: Dict[Box, Any] = {}
     index_map = value.sharding.devices_indices_map(shape)
@@ -145,7 +150,7 @@ def plan_chunks(name: str, value: Any) -> Tuple[str, Tuple[int, ...], List[Chunk
 def _chunk_array(name: str, value: Any, chunk: Chunk) -> np.ndarray:
     """The host bytes of one chunk this process writes."""
     if chunk.device is None:
-        if _jax_bridge.is_array(value):  # an array without elements: nothing to fetch from a device
+        if _jax_bridge.is_array(value) and not _numel(chunk.sizes):  # nothing to fetch from a device
             return np.zeros(chunk.sizes, np.dtype(value.dtype))
         return _jax_bridge.to_numpy(value, name)
     for shard in value.addressable_shards:

@@ -1,9 +1,11 @@
 """One process of tests/test_jax_shards.py's multi-process test: python _jax_shard_script.py MODE ID N PORT ROOT.
 
-MODE ``save``: process ID of N (jax.distributed on 127.0.0.1:PORT, gloo CPU collectives, 2 CPU devices
-each from XLA_FLAGS) saves the test's arrays sharded over all 2N devices; ``load2``: the N processes load
-them on a mesh of one device per process and check each local shard; ``load1``: one plain process
-loads them whole on its one device. Prints "loaded on K" when every value matched bit for bit.
+MODE ``save`` (``savefail``: process 1's shard write raises): process ID of N (jax.distributed on 127.0.0.1:PORT, gloo CPU collectives, 2 CPU devices
+each from XLA_FLAGS) saves the test's arrays as a tree with ``tensorlist.jax.save(sharded=True)``,
+sharded over all 2N devices (one leaf a process-local array); ``load2``: the N processes load them with
+``tensorlist.jax.load`` on a mesh of one device per process and check each local shard, and count the
+bytes read; ``load1``: one plain process loads them whole on its one device. Prints "loaded on K" when
+every value matched bit for bit. The test module imports ``values``, ``HEADER`` and ``assert_same``.
 """
 import os
 import sys
@@ -13,11 +15,17 @@ import ml_dtypes
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from tensorlist._jax_shards import open_dir, save_dir
+import tensorlist.jax as tlj
+from tensorlist import _jax_shards
+from tensorlist._jax_shards import open_dir
 
 #: The tree header every save of the tests stores.
 HEADER = {"format": "tensorlist.jax-tree/1", "tree": {"kind": "leaf", "name": "w"}, "metadata": {"step": 3}}
 
+#: The user metadata the multi-process save stores.
+USER_METADATA = {"step": 3}
+#: The leaf the multi-process save passes as a process-local array (each process its own copy).
+LOCAL = "local"
 #: Seconds a process waits for the others to join (the test kills everything at its own timeout).
 JOIN_TIMEOUT = 60
 
@@ -29,7 +37,8 @@ def values():
             "params/dense/bias": rng.standard_normal((8, 4)).astype(ml_dtypes.bfloat16),
             "params/f8": rng.standard_normal((8, 4)).astype(ml_dtypes.float8_e4m3fn),
             "step": np.array(7, np.int32),
-            "empty": np.zeros((0, 4), np.float32)}
+            "empty": np.zeros((0, 4), np.float32),
+            LOCAL: np.arange(32, dtype=np.float32).reshape(4, 8)}
 
 
 def assert_same(arr, expected):
@@ -39,39 +48,73 @@ def assert_same(arr, expected):
     assert got.tobytes() == np.ascontiguousarray(expected).tobytes()
 
 
+def nest(flat):
+    """The pytree whose leaves' names (tensorlist.jax's '/'-joined key paths) are ``flat``'s keys."""
+    tree = {}
+    for name, v in flat.items():
+        *head, last = name.split("/")
+        node = tree
+        for k in head:
+            node = node.setdefault(k, {})
+        node[last] = v
+    return tree
+
+
 def main(mode: str, pid: int, n: int, port: int, root: str) -> None:
     if mode != "load1":
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
         jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=n, process_id=pid,
                                    initialization_timeout=JOIN_TIMEOUT)
     arrays = values()
-    if mode == "save":
+    split = lambda v: v.ndim == 2 and v.size  # noqa: E731 (0-d and empty arrays are replicated)
+    if mode == "savefail" and pid == 1:  # this process's shard write fails: both processes must raise
+        def fail(*args, **kwargs):
+            raise OSError("injected")
+        _jax_shards.save = fail
+    if mode in ("save", "savefail"):
         assert jax.device_count() == 2 * n and jax.local_device_count() == 2
         mesh = jax.make_mesh((n, 2), ("x", "y"))  # rows split across processes, columns across local devices
-        tree = {}
+        flat = {}
         for k, v in arrays.items():
-            s = NamedSharding(mesh, P("x", "y") if v.ndim == 2 and v.size else P())
-            tree[k] = jax.make_array_from_callback(v.shape, s, lambda idx, v=v: v[idx])
-        assert not tree["params/dense/kernel"].is_fully_addressable
-        save_dir(root, tree, HEADER)
+            if k == LOCAL:  # each process's own copy on its own default device
+                flat[k] = jax.device_put(v)
+                continue
+            s = NamedSharding(mesh, P("x", "y") if split(v) else P())
+            flat[k] = jax.make_array_from_callback(v.shape, s, lambda idx, v=v: v[idx])
+        assert not flat["params/dense/kernel"].is_fully_addressable and flat[LOCAL].is_fully_addressable
+        tlj.save(root, nest(flat), metadata=USER_METADATA, sharded=True)
     elif mode == "load2":
-        mesh = jax.make_mesh((n,), ("x",), devices=[d for d in jax.devices() if d.id == min(
-            e.id for e in jax.devices() if e.process_index == d.process_index)])
-        with open_dir(root) as c:
-            for k, v in arrays.items():
-                s = NamedSharding(mesh, P("x") if v.ndim == 2 and v.size else P())
-                arr = c.load(k, s)
-                assert len(arr.addressable_shards) == 1
-                for shard in arr.addressable_shards:
-                    assert_same(shard.data, v[shard.index])
-            needed = sum(v.nbytes // (n if v.ndim == 2 else 1) for v in arrays.values())
-            print(f"process {pid}: bytes needed {needed}, viewed {c.bytes_viewed}, copied {c.bytes_copied}")
+        firsts = [d for d in jax.devices() if d.id == min(e.id for e in jax.devices()
+                                                           if e.process_index == d.process_index)]
+        mesh = jax.make_mesh((n,), ("x",), devices=firsts)  # one device in each process
+        shardings = {k: NamedSharding(mesh, P("x") if split(v) else P()) for k, v in arrays.items()}
+        tree = tlj.load(root, sharding=nest(shardings))
+        for k, v in arrays.items():
+            *head, last = k.split("/")
+            node = tree
+            for h in head:
+                node = node[h]
+            arr = node[last]
+            assert arr.sharding == shardings[k] and len(arr.addressable_shards) == 1
+            for shard in arr.addressable_shards:
+                assert_same(shard.data, v[shard.index])
+        with open_dir(root) as c:  # the bytes one process reads: its own half (and the replicated scalar)
+            for k, s in shardings.items():
+                c.load(k, s)
+            needed = sum(v.nbytes // (n if split(v) else 1) for v in arrays.values())
+            print(f"process {pid}: bytes needed {needed} of {sum(v.nbytes for v in arrays.values())}, "
+                  f"viewed {c.bytes_viewed}, copied {c.bytes_copied}")
             assert c.bytes_viewed + c.bytes_copied == needed
     else:
         assert jax.device_count() == 2
-        with open_dir(root) as c:
-            for k, v in arrays.items():
-                assert_same(c.load(k, jax.devices()[0]), v)
+        tree = tlj.load(root)
+        for k, v in arrays.items():
+            *head, last = k.split("/")
+            node = tree
+            for h in head:
+                node = node[h]
+            assert_same(node[last], v)
+            assert node[last].devices() == {jax.devices()[0]}
         n = 1
     if mode != "load1":
         jax.distributed.shutdown()
