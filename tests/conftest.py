@@ -21,9 +21,6 @@ import uuid
 
 import pytest
 
-# jax reads XLA_FLAGS once, when first imported: 4 forced CPU devices for the sharding tests (tests/test_jax_shards.py)
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
-
 # The helper scripts and support modules (_ddp_script.py, _loop_script.py, _fuzz_worker.py,
 # _record_support.py) are run as children or imported by tests, and hold no doctests: collecting them
 # under --doctest-modules would import them here, and the training scripts set torch's thread count
