@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import gc
 import mmap
 import os
 import sys
@@ -88,23 +89,25 @@ def main() -> None:
               f"{time.perf_counter() - t:.3f} s")
         print(f"{'target':34} {'needed MiB':>10} {'viewed':>8} {'copied':>8} {'file read':>10} "
               f"{'after use':>10} {'load s':>8}")
+        mib = lambda b: f"{b / 2**20:.1f}"  # noqa: E731
         for label, target in targets:
+            gc.collect()  # the previous target's arrays (and their mapped pages) are gone
             _drop_cache(tmp)
+            before = _resident(tmp)
             with open_dir(tmp) as c:
                 t = time.perf_counter()
                 out = c.load("w", target)
                 out.block_until_ready()
                 took = time.perf_counter() - t
-                read_by_load = _resident(tmp)
-                needed = sum(s.data.nbytes for s in out.addressable_shards)
-                for s in out.addressable_shards:
-                    float(np.asarray(s.data).sum())  # every value read once
-                after = _resident(tmp)
-                mib = lambda b: f"{b / 2**20:.1f}"  # noqa: E731
+                read_by_load = _resident(tmp) - before
+                needed = sum(shard.data.nbytes for shard in out.addressable_shards)
+                for shard in out.addressable_shards:
+                    float(np.asarray(shard.data).sum())  # every value read once
+                after = _resident(tmp) - before
                 print(f"{label:34} {mib(needed):>10} {mib(c.bytes_viewed):>8} {mib(c.bytes_copied):>8} "
                       f"{mib(read_by_load):>10} {mib(after):>10} {took:>8.3f}")
                 np.testing.assert_array_equal(np.asarray(out), value)
-            del out
+            del out, shard, c
 
 
 if __name__ == "__main__":

@@ -37,10 +37,12 @@ chunk outside its array, a shard that disagrees with the metadata: a
 FormatError naming the file, before any array is built). For a target
 sharding, each local device gets the block
 ``sharding.addressable_devices_indices_map(shape)`` names, and only the bytes
-of that block are touched: a block that is a C-contiguous part of one saved
-chunk is the mapped view itself (zero-copy onto a CPU device when 64-byte
-aligned, as tensorlist's default alignment makes every chunk); any other block
-is assembled from the intersecting chunks' sub-blocks into one new buffer.
+of that block are touched: a block whose bytes lie in order in the mapping (a
+saved chunk, rows of one, or row chunks written back to back in one shard
+file) is a view of the mapping itself (zero-copy onto a CPU device when
+64-byte aligned, as tensorlist's default alignment makes every chunk); any
+other block is assembled from the intersecting chunks' sub-blocks into one new
+buffer.
 
 Imports jax, ``_jax_bridge`` (every jax <-> numpy conversion and dtype rule),
 ``dcp_read`` (the layout), ``writer``, ``format``, ``_dtypes``, ``_jsonio``,
@@ -184,6 +186,38 @@ def _save_id() -> str:
         drawn = bytes(np.asarray(multihost_utils.broadcast_one_to_all(np.frombuffer(drawn, np.uint8)),
                                  np.uint8).tobytes())
     return drawn.hex()
+
+
+def _one_view(parts: List[Tuple[np.ndarray, Tuple[slice, ...]]], sizes: Tuple[int, ...]) -> Optional[np.ndarray]:
+    """The block as one view when its parts are back to back in one mapping, row blocks in order; else None.
+
+    One part: itself when C-contiguous (the box is a saved chunk, or rows of
+    one). Several: each C-contiguous, spanning the box in every dimension but
+    the first, consecutive along it, and each starting where the previous
+    ends in the same mapped buffer (``base``; chunks of one shard file
+    written in order: a 4 -> 2 reshard of a one-process save). Views of
+    different buffers, or of pread copies, are never joined: the view keeps
+    only the first part's buffer alive.
+    """
+    if len(parts) == 1:
+        return parts[0][0] if parts[0][0].flags.c_contiguous else None
+    parts = sorted(parts, key=lambda p: p[1][0].start)
+    base = parts[0][0].base
+    row = 0
+    for i, (part, into) in enumerate(parts):
+        if (base is None or part.base is not base or not part.flags.c_contiguous or into[0].start != row
+                or any(s.start != 0 or s.stop != n for s, n in zip(into[1:], sizes[1:]))):
+            return None
+        if i and parts[i - 1][0].ctypes.data + parts[i - 1][0].nbytes != part.ctypes.data:
+            return None
+        row = into[0].stop
+    if row != sizes[0]:
+        return None
+    first = parts[0][0]
+    strides = [first.itemsize]
+    for n in reversed(sizes[1:]):
+        strides.insert(0, strides[0] * n)
+    return np.lib.stride_tricks.as_strided(first, shape=sizes, strides=strides, writeable=False)
 
 
 def save_dir(path, leaves: Dict[str, Any], header: Optional[dict], *, alignment: int = DEFAULT_ALIGNMENT,
@@ -409,22 +443,19 @@ class ShardedCheckpoint:
                    tuple(slice(l - a, h - a) for l, h, a in zip(lo, hi, off)))
 
     def _block(self, t: TensorMeta, box: Box) -> np.ndarray:
-        """The values of ``box``: a view of one chunk when it lies C-contiguously in it, else a new buffer."""
+        """The values of ``box``: a view of the mapping where its bytes lie there in order, else a new buffer."""
         off, sz = box
         dtype = _dtypes.from_name(t.dtype).numpy
         if not _numel(sz):
             return np.empty(sz, dtype)
         hits = list(self._intersecting(t, box))
-        if len(hits) == 1:
-            (c_off, c_sz), inside, _ = hits[0]
-            if all(s.stop - s.start == n for s, n in zip(inside, sz)):  # the box lies inside this one chunk
-                view = self.chunk(t.fqn, c_off)[inside]
-                if view.flags.c_contiguous:
-                    self.bytes_viewed += view.nbytes
-                    return view
+        parts = [(self.chunk(t.fqn, c_off)[inside], into) for (c_off, _), inside, into in hits]
+        view = _one_view(parts, sz)
+        if view is not None:
+            self.bytes_viewed += view.nbytes
+            return view
         out = np.empty(sz, dtype)
-        for (c_off, _), inside, into in hits:
-            part = self.chunk(t.fqn, c_off)[inside]
+        for part, into in parts:
             out[into] = part
             self.bytes_copied += part.nbytes
         return out

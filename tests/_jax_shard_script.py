@@ -1,11 +1,12 @@
 """One process of tests/test_jax_shards.py's multi-process test: python _jax_shard_script.py MODE ID N PORT ROOT.
 
-MODE ``save`` (``savefail``: process 1's shard write raises): process ID of N (jax.distributed on 127.0.0.1:PORT, gloo CPU collectives, 2 CPU devices
+MODE ``save``: process ID of N (jax.distributed on 127.0.0.1:PORT, gloo CPU collectives, 2 CPU devices
 each from XLA_FLAGS) saves the test's arrays as a tree with ``tensorlist.jax.save(sharded=True)``,
-sharded over all 2N devices (one leaf a process-local array); ``load2``: the N processes load them with
-``tensorlist.jax.load`` on a mesh of one device per process and check each local shard, and count the
-bytes read; ``load1``: one plain process loads them whole on its one device. Prints "loaded on K" when
-every value matched bit for bit. The test module imports ``values``, ``HEADER`` and ``assert_same``.
+sharded over all 2N devices (one leaf a process-local array); ``savefail``: the same, but process 1's
+shard write raises; ``load2``: the N processes load them with ``tensorlist.jax.load`` on a mesh of one
+device per process, check each local shard and count the bytes read; ``load1``: one plain process
+loads them whole on its one device. Prints "loaded on K" when every value matched bit for bit. The
+test module imports ``values``, ``HEADER``, ``USER_METADATA`` and ``assert_same`` from here.
 """
 import os
 import sys

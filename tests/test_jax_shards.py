@@ -171,19 +171,33 @@ def test_a_block_inside_one_chunk_is_a_view_of_it(tmp_path):
 
 def test_a_4_to_2_reshard_reads_exactly_the_bytes_it_needs(rows4):
     v = values()["params/dense/kernel"]
-    for s in (NamedSharding(mesh((2, 1)), P("x", None)), NamedSharding(mesh((1, 2)), P(None, "y"))):
-        with open_dir(rows4) as c:
-            arr = c.load("params/dense/kernel", s)
-            needed = sum(shard.data.nbytes for shard in arr.addressable_shards)
-            assert c.bytes_copied + c.bytes_viewed == needed == v.nbytes
-            assert_same(arr, v)
+    rows, columns = NamedSharding(mesh((2, 1)), P("x", None)), NamedSharding(mesh((1, 2)), P(None, "y"))
+    with open_dir(rows4) as c:  # rows: 2 saved chunks back to back in the one shard file: one view of both
+        arr = c.load("params/dense/kernel", rows)
+        assert c.bytes_copied == 0 and c.bytes_viewed == v.nbytes
+        for shard in arr.addressable_shards:
+            first = c.chunk("params/dense/kernel", (shard.index[0].start, 0))
+            assert shard.data.unsafe_buffer_pointer() == first.ctypes.data
+        assert_same(arr, v)
+    with open_dir(rows4) as c:  # columns: half of each of the 4 chunks per block, copied
+        arr = c.load("params/dense/kernel", columns)
+        assert c.bytes_viewed == 0 and c.bytes_copied == v.nbytes
+        assert_same(arr, v)
+    with open_dir(rows4, mmap=False) as c:  # pread copies are never joined into one view
+        arr = c.load("params/dense/kernel", rows)
+        assert c.bytes_viewed == 0 and c.bytes_copied == v.nbytes
+        assert_same(arr, v)
 
 
 def test_replicas_on_several_local_devices_share_one_read(rows4):
     v = values()["params/dense/kernel"]
     with open_dir(rows4) as c:
         arr = c.load("params/dense/kernel", NamedSharding(mesh((2, 2)), P("x", None)))  # 2 blocks, 2 devices each
-        assert c.bytes_copied == v.nbytes and len(arr.addressable_shards) == 4
+        assert c.bytes_viewed == v.nbytes and c.bytes_copied == 0 and len(arr.addressable_shards) == 4
+        pointers = {}
+        for shard in arr.addressable_shards:
+            pointers.setdefault(shard.index[0].start, set()).add(shard.data.unsafe_buffer_pointer())
+        assert [len(p) for p in pointers.values()] == [1, 1]  # both replicas alias the one mapped block
         assert_same(arr, v)
 
 
