@@ -11,14 +11,18 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 jax = pytest.importorskip("jax", reason="sharded saves need jax (pip install 'jax[cpu]')")
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+import tensorlist as tl
 from tensorlist import dcp_read
 from tensorlist._jax_shards import open_dir, plan_chunks, save_dir
 from tensorlist.errors import FormatError
@@ -414,7 +418,6 @@ def test_tensorlist_jax_load_refuses_a_target_of_another_shape(tree_dir):
 
 def test_the_cli_validates_inspects_and_converts_a_sharded_save(rows4, tmp_path, capsys):
     from tensorlist.cli import main
-    import tensorlist as tl
 
     assert main(["validate", "--verify", str(rows4)]) == 0
     assert main(["inspect", str(rows4)]) == 0
@@ -457,3 +460,56 @@ def test_verify_checks_the_crc_of_each_chunk_read(rows4, tmp_path):
         assert_same(c.load("params/f8"), values()["params/f8"])  # the other chunks are fine
         with pytest.raises(ChecksumError, match="params/dense/kernel@0,0"):
             c.load("params/dense/kernel", NamedSharding(mesh((2, 1)), P("x", None)))
+
+
+# --- any tiling (a torch DCP save's, say), any target: hypothesis ---------------------------
+
+def _cuts(n):
+    """Sorted cut points splitting ``range(n)`` into 1 to 3 non-empty runs."""
+    if n == 1:
+        return st.just([0, 1])
+    return st.lists(st.integers(1, n - 1), max_size=2, unique=True).map(lambda c: [0, *sorted(c), n])
+
+
+@st.composite
+def _tilings(draw):
+    rows, cols = draw(st.sampled_from([2, 4, 6, 8])), draw(st.integers(1, 9))
+    r, c = draw(_cuts(rows)), draw(_cuts(cols))
+    chunks = [((r[i], c[j]), (r[i + 1] - r[i], c[j + 1] - c[j])) for i in range(len(r) - 1)
+              for j in range(len(c) - 1)]
+    files = draw(st.lists(st.integers(0, 1), min_size=len(chunks), max_size=len(chunks)))
+    return (rows, cols), draw(st.permutations(chunks)), files
+
+
+def _write_tiling(path, value, chunks, files):
+    """A checkpoint of ``value`` in the given chunks and shard files, as another DCP writer would lay it out."""
+    save_id = "0123abcd"
+    meta = dcp_read.TensorMeta("layer.w", "float32", value.shape, tuple(chunks))
+    storage, per_file = [], {}
+    for (off, sz), f in zip(chunks, files):
+        name = dcp_read.tensor_key("layer.w", off)
+        per_file.setdefault(f, {})[name] = value[off[0]:off[0] + sz[0], off[1]:off[1] + sz[1]]
+        storage.append(dcp_read.StorageEntry("layer.w", off, dcp_read.shard_name(f, save_id), name,
+                                             sz[0] * sz[1] * 4, None, "float32", sz))
+    for f, arrays in per_file.items():
+        tl.save(os.path.join(path, dcp_read.shard_name(f, save_id)), arrays, durable=False)
+    dcp_read.commit_metadata(path, dcp_read.metadata_document(save_id=save_id, dcp_version="1.0.0",
+                                                              entries={"layer.w": meta}, storage=storage),
+                             durable=False)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_tilings(), st.sampled_from([t[0] for t in TARGETS]))
+def test_any_tiling_loads_onto_any_target(tiling, target_id):
+    shape, chunks, files = tiling
+    value = np.arange(shape[0] * shape[1], dtype=np.float32).reshape(shape)
+    target = dict(TARGETS)[target_id]()
+    if isinstance(target, NamedSharding) and any(shape[d] % n for d, n in enumerate(target.mesh.devices.shape)):
+        target = NamedSharding(target.mesh, P())  # a split jax cannot make: the array replicated instead
+    with tempfile.TemporaryDirectory() as path:
+        _write_tiling(path, value, chunks, files)
+        with open_dir(path) as c:
+            arr = c.load("layer.w", target)
+            assert_same(arr, value)
+            blocks = {tuple((i.start, i.stop) for i in s.index): s.data.nbytes for s in arr.addressable_shards}
+            assert c.bytes_viewed + c.bytes_copied == sum(blocks.values())  # each distinct block once, no more
