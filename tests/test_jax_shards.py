@@ -428,6 +428,7 @@ def test_the_cli_validates_inspects_and_converts_a_sharded_save(rows4, tmp_path,
             assert_same(r[k], v)
 
 
+@pytest.mark.slow  # imports torch (seconds, where no other test of the run has)
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 def test_torch_dcp_loads_a_sharded_jax_save(rows4):
     torch = pytest.importorskip("torch", reason="torch's dcp.load reads the checkpoint only where torch is installed")
