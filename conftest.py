@@ -11,4 +11,4 @@ if importlib.util.find_spec("torch") is None:
     collect_ignore += ["tensorlist/torch.py", "tensorlist/_torch_bridge.py", "tensorlist/_staging.py",
                        "tensorlist/nn.py", "tensorlist/dcp.py", "tensorlist/loops"]
 if importlib.util.find_spec("jax") is None:
-    collect_ignore += ["tensorlist/_jax_shards.py"]
+    collect_ignore += ["tensorlist/jax.py", "tensorlist/_jax_bridge.py", "tensorlist/_jax_shards.py"]

@@ -31,7 +31,6 @@ the file, the JSON pointer of the node, and its path in the tree.
 from __future__ import annotations
 
 import collections
-import importlib
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
@@ -39,8 +38,8 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 from ._jsonio import MAX_DEPTH
 from .errors import FormatError, short_repr
 
-__all__ = ["JAX_TREE_FORMAT", "MAX_TREE_DEPTH", "ROOT_NAME", "NodeType", "register", "unregister", "encode", "check", "build",
-           "decode", "render", "node_of", "make_header", "tree_header", "Plan"]
+__all__ = ["JAX_TREE_FORMAT", "MAX_TREE_DEPTH", "ROOT_NAME", "NodeType", "register", "unregister", "encode", "check",
+           "build", "decode", "render", "node_of", "make_header", "tree_header", "Plan"]
 
 #: The ``format`` of the metadata a tree file carries:
 #: ``{"format": JAX_TREE_FORMAT, "tree": <spec>, "metadata": <user metadata>}``.
@@ -71,9 +70,9 @@ class NodeType:
 
     Attributes:
         kind: the spec's ``kind`` (``"flax.FrozenDict"``).
-        module, qualname: where the type lives; the module is imported only when
-            a file's spec names ``kind`` (the file never names a module itself),
-            and an object is matched only if its module is already imported.
+        module, qualname: where the type lives; an object is matched only if
+            its module is already imported (the codec imports nothing; an
+            ``unflatten`` imports what it needs, and a file never names a module).
         keyed: whether the node has ``keys`` (a mapping) or only ``children``.
         flatten: ``obj -> (keys or None, children)``.
         unflatten: ``(keys or None, children) -> obj``.
@@ -86,11 +85,9 @@ class NodeType:
     flatten: Callable[[Any], Tuple[Optional[List[Any]], List[Any]]]
     unflatten: Callable[[Optional[List[Any]], List[Any]], Any]
 
-    def type(self, *, load: bool = False):
-        """The registered class, or None when its module is not imported (and ``load`` is False)."""
+    def type(self):
+        """The registered class, or None while its module is not imported (it never is by the codec)."""
         mod = sys.modules.get(self.module)
-        if mod is None and load:
-            mod = importlib.import_module(self.module)
         return _lookup(mod, self.qualname) if mod is not None else None
 
 
@@ -400,9 +397,7 @@ def build(plan: Plan, leaves: Mapping[str, Any]) -> Any:
         elif kind == "namedtuple":
             values.append(payload[0]._make(children))
         else:
-            nt = _REGISTRY[kind]
-            nt.type(load=True)
-            values.append(nt.unflatten(payload, children))
+            values.append(_REGISTRY[kind].unflatten(payload, children))
     [tree] = values
     return tree
 

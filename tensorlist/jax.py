@@ -57,7 +57,9 @@ def _frozen_dict():
 
 
 def _pure_dict(state) -> Tuple[List[Any], List[Any]]:
-    pure = state.to_pure_dict()
+    from flax import nnx  # imported already: the program holds a State
+
+    pure = nnx.to_pure_dict(state)
     return list(pure.keys()), list(pure.values())
 
 
@@ -138,7 +140,7 @@ def load(path, *, sharding: Any = None, device: Any = None, mmap: bool = True, v
             into private memory first.
         verify: check the stored CRC32Cs first.
         downcast: with ``jax_enable_x64`` off, convert 64-bit leaves to 32
-            bits (a copy that truncates) instead of refusing them.
+            bits (a copy that truncates) instead of refusing them (files only).
         **kwargs: the reader's limits (``max_tensors``...; files only).
 
     Returns:
@@ -153,6 +155,14 @@ def load(path, *, sharding: Any = None, device: Any = None, mmap: bool = True, v
         TypeError: a leaf jax cannot hold (64-bit without x64 and without
             ``downcast``), naming it.
         ValueError: a ``sharding`` tree that does not match the saved tree.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, tempfile, os, tensorlist.jax as tlj
+        >>> path = os.path.join(tempfile.mkdtemp(), "t.tl")
+        >>> tlj.save(path, (jnp.ones(2), None, [jnp.arange(3)]))
+        >>> tree = tlj.load(path, device=jax.devices()[0])
+        >>> type(tree).__name__, tree[1], tree[2][0].tolist()
+        ('tuple', None, [0, 1, 2])
     """
     if sharding is not None and device is not None:
         raise ValueError("give sharding= or device=, not both")
@@ -160,6 +170,9 @@ def load(path, *, sharding: Any = None, device: Any = None, mmap: bool = True, v
         raise TypeError(f"device must be a jax.Device (jax.devices()[i]), not {type(device).__name__}")
     path = os.fspath(path)
     if os.path.isdir(path):
+        if downcast or kwargs:
+            raise ValueError(f"{path}: a checkpoint directory takes sharding=, device=, mmap= and verify= only, "
+                             f"not {['downcast'] * bool(downcast) + sorted(kwargs)}")
         return _load_dir(path, sharding, device, mmap, verify)
     with reader.Reader(path, mmap=mmap, **kwargs) as r:
         header = _tree.tree_header(r.descriptor.metadata, file=r.path)
@@ -271,6 +284,15 @@ def load_nnx(path, model, **kwargs) -> Any:
         path: a file saved with ``save(path, nnx.state(model))``.
         model: an ``nnx.Module`` of the same structure.
         **kwargs: as :func:`load` (``sharding``, ``device``, ...).
+
+    Example:
+        >>> import tempfile, os, tensorlist.jax as tlj
+        >>> from flax import nnx
+        >>> path = os.path.join(tempfile.mkdtemp(), "m.tl")
+        >>> tlj.save(path, nnx.state(nnx.Linear(2, 3, rngs=nnx.Rngs(0))))
+        >>> model = tlj.load_nnx(path, nnx.Linear(2, 3, rngs=nnx.Rngs(1)))
+        >>> bool((model.kernel[...] == nnx.Linear(2, 3, rngs=nnx.Rngs(0)).kernel[...]).all())
+        True
     """
     from flax import nnx
 
