@@ -15,4 +15,4 @@ if importlib.util.find_spec("mlx") is None:
 if importlib.util.find_spec("tensorflow") is None:
     collect_ignore += ["tensorlist/tensorflow.py", "tensorlist/_tf_bridge.py"]
 if importlib.util.find_spec("jax") is None:
-    collect_ignore += ["tensorlist/jax.py", "tensorlist/_jax_bridge.py"]
+    collect_ignore += ["tensorlist/jax.py", "tensorlist/_jax_bridge.py", "tensorlist/_jax_shards.py"]

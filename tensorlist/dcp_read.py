@@ -139,6 +139,7 @@ class Checkpoint:
         storage: (fqn, offset) -> StorageEntry.
         planner_data: the planner data as stored (tagged JSON; ``from_tagged`` restores tuples).
         storage_meta: the stored StorageMeta fields, or None.
+        tree: a framework adapter's description of the saved object (``"tree"``), or None.
     """
 
     path: str
@@ -150,6 +151,7 @@ class Checkpoint:
     storage: Dict[Tuple[str, Optional[Tuple[int, ...]]], StorageEntry]
     planner_data: Any = None
     storage_meta: Optional[Dict[str, Any]] = None
+    tree: Optional[Dict[str, Any]] = None
 
     @property
     def tensors(self) -> Dict[str, TensorMeta]:
@@ -260,7 +262,8 @@ def decode_value(raw: bytes, entry: StorageEntry, file: str) -> Any:
 
 def metadata_document(*, save_id: str, dcp_version: Optional[str], entries: Dict[str, Optional[TensorMeta]],
                       storage: Sequence[StorageEntry], planner_data: Any = None,
-                      storage_meta: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+                      storage_meta: Optional[Dict[str, Any]] = None,
+                      tree: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """The metadata as a JSON value, in the layout of ``schemas/dcp-metadata.schema.json``.
 
     Args:
@@ -270,6 +273,8 @@ def metadata_document(*, save_id: str, dcp_version: Optional[str], entries: Dict
         storage: one entry per chunk and per bytes value.
         planner_data: JSON (tagged) planner data, or None.
         storage_meta: ``{"checkpointId", "saveId", "modules"}`` or None.
+        tree: a framework adapter's object with a ``"format"`` string (``tensorlist.jax``'s tree header), or
+            None (the key is then left out).
     """
     files: List[str] = []
     for e in storage:
@@ -291,9 +296,12 @@ def metadata_document(*, save_id: str, dcp_version: Optional[str], entries: Dict
         if e.encoding is not None:
             d["encoding"] = e.encoding
         stored.append(d)
-    return {"format": FORMAT_NAME, "formatVersion": DCP_FORMAT_VERSION, "dcpVersion": dcp_version,
-            "saveId": save_id, "files": files, "stateDict": state, "storage": stored,
-            "plannerData": planner_data, "storageMeta": storage_meta}
+    doc = {"format": FORMAT_NAME, "formatVersion": DCP_FORMAT_VERSION, "dcpVersion": dcp_version,
+           "saveId": save_id, "files": files, "stateDict": state, "storage": stored,
+           "plannerData": planner_data, "storageMeta": storage_meta}
+    if tree is not None:
+        doc["tree"] = tree
+    return doc
 
 
 def _escape(token: str) -> str:
@@ -320,7 +328,7 @@ _DTYPE_NAMES = frozenset(d.name for d in _dtypes.DTYPES)
 _SAVE_ID = re.compile(r"\A[0-9a-f]{8}\Z")
 _FILE_NAME = re.compile(r"\A[A-Za-z0-9_][A-Za-z0-9._-]*\.tl\Z")
 _TOP = {"format", "formatVersion", "dcpVersion", "saveId", "files", "stateDict", "storage", "plannerData",
-        "storageMeta"}
+        "storageMeta", "tree"}
 _TOP_REQUIRED = ("format", "formatVersion", "saveId", "files", "stateDict", "storage")
 _TENSOR_KEYS = {"type", "dtype", "size", "chunks", "properties"}
 _PROPERTY_KEYS = {"layout", "requiresGrad", "memoryFormat", "pinMemory"}
@@ -448,6 +456,13 @@ class _Shape:
                     self.fail("/storageMeta/modules", "modules is not an array")
                 for i, m in enumerate(meta["modules"]):
                     self.string(m, f"/storageMeta/modules/{i}")
+        if "tree" in doc:  # the adapter that wrote it checks the rest (tensorlist.jax: _tree.decode)
+            tree = doc["tree"]
+            if not isinstance(tree, dict):
+                self.fail("/tree", f"{short_repr(tree)} is not an object")
+            if "format" not in tree:
+                self.fail("/tree", "'format' is a required property")
+            self.string(tree["format"], "/tree/format")
 
 
 def check_shape(doc: Any, *, file: str, schema: bool = False) -> None:
@@ -585,7 +600,7 @@ def parse_metadata(doc: Any, *, file: str, path: Optional[str] = None, schema: b
                 raise FormatError(f"{fqn!r}: {what} has no storage entry", file=file,
                                   field=f"/stateDict/{_escape(fqn)}")
     return Checkpoint(os.fspath(path), file, doc["saveId"], doc.get("dcpVersion"), files, entries, storage,
-                      doc.get("plannerData"), doc.get("storageMeta"))
+                      doc.get("plannerData"), doc.get("storageMeta"), doc.get("tree"))
 
 
 def read_metadata(path, *, limits: Limits = Limits(), schema: bool = False) -> Checkpoint:

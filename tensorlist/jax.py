@@ -25,18 +25,17 @@ A tree holding arrays sharded over several processes is saved with
 layout); ``load`` of a directory reads it back onto any target sharding.
 
 Imports ``_jax_bridge`` (the one jax <-> numpy conversion), ``_tree``,
-``reader``, ``writer``; ``_jax_shards`` when a directory is saved or loaded.
+``reader``, ``writer`` and ``_jax_shards`` (checkpoint directories).
 """
 from __future__ import annotations
 
-import importlib
 import os
 from typing import Any, Dict, List, Tuple
 
 import jax
 import numpy as np
 
-from . import _tree, reader, writer
+from . import _jax_shards, _tree, reader, writer
 from ._jax_bridge import check_dtype, is_array, put, to_numpy
 from .errors import FormatError
 from .format import DEFAULT_ALIGNMENT
@@ -112,7 +111,7 @@ def save(path, tree: Any, *, metadata: Any = None, sharded: bool = False, alignm
     header = _tree.make_header(spec, metadata)
     if sharded:
         arrays = {name: v if is_array(v) else put(to_numpy(v, name), None, name) for name, v in leaves}
-        _shards().save_dir(path, arrays, header, alignment=alignment, checksum=checksum, durable=durable)
+        _jax_shards.save_dir(path, arrays, header, alignment=alignment, checksum=checksum, durable=durable)
         return
     for name, v in leaves:
         if is_array(v) and not v.is_fully_addressable:
@@ -192,7 +191,7 @@ def load(path, *, sharding: Any = None, device: Any = None, mmap: bool = True, v
 
 
 def _load_dir(path: str, sharding, device, mmap: bool, verify: bool, downcast: bool) -> Any:
-    with _shards().open_dir(path, mmap=mmap, verify=verify) as ck:
+    with _jax_shards.open_dir(path, mmap=mmap, verify=verify) as ck:
         header = _tree.tree_header(ck.header, file=path, field="/tree")
         if header is None:
             raise FormatError("not a tensorlist.jax checkpoint (its metadata has no tree): read it with "
@@ -202,19 +201,8 @@ def _load_dir(path: str, sharding, device, mmap: bool, verify: bool, downcast: b
             check_dtype(ck.dtype(n), n, downcast=downcast)
         targets = _targets(header["tree"], sharding, device, {n: (tuple(ck.shape(n)), ck.dtype(n))
                                                               for n in plan.leaves}, downcast, path)
-        opt = {"downcast": True} if downcast else {}  # the contract's load(name, target), plus the opt-in
-        arrays = {n: ck.load(n, targets[n], **opt) for n in plan.leaves}
+        arrays = {n: ck.load(n, targets[n], downcast=downcast) for n in plan.leaves}
     return _tree.build(plan, arrays)
-
-
-def _shards():
-    """``tensorlist._jax_shards``, imported on first use (the sharded checkpoints; the "shards" branch's).
-
-    Through importlib until that module is merged (the house check counts a
-    ``from . import`` of a module it cannot find as a private cross-import);
-    then a plain ``from . import _jax_shards``.
-    """
-    return importlib.import_module(f"{__package__}._jax_shards")
 
 
 def _targets(spec, sharding, device, stored: Dict[str, Tuple[Tuple[int, ...], np.dtype]], downcast: bool,

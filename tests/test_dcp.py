@@ -640,6 +640,13 @@ SHAPES = [
     ("storageMeta extra", _set(["storageMeta", "x"], 1), False),
     ("modules of ints", _set(["storageMeta", "modules"], [1]), False),
     ("checkpointId int", _set(["storageMeta", "checkpointId"], 1), False),
+    ("tree header", _set(["tree"], {"format": "tensorlist.jax-tree/1", "tree": {"kind": "leaf"}, "metadata": None}),
+     True),
+    ("tree with format only", _set(["tree"], {"format": "x"}), True),
+    ("tree null", _set(["tree"], None), False),
+    ("tree array", _set(["tree"], [{"format": "x"}]), False),
+    ("tree without format", _set(["tree"], {"tree": {}}), False),
+    ("tree format int", _set(["tree"], {"format": 1}), False),
 ]
 
 

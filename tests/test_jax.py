@@ -457,79 +457,29 @@ def test_converted_file_loads_as_the_same_tree(tmp_path):
 
 
 @needs_jax
-class TestShardsContract:
-    """``sharded=True`` and directories reach ``_jax_shards`` as /work/notes' contract says (a stand-in here)."""
+def test_a_sharded_save_loads_back_through_the_same_entry_points(tmp_path):
+    """``sharded=True`` writes a checkpoint directory; ``load`` of it takes ``device=``, ``verify=`` and targets."""
+    import tensorlist.jax as tlj
+    from tensorlist import dcp_read
 
-    @pytest.fixture
-    def shards(self, monkeypatch):
-        import types
-
-        calls = {}
-
-        class Checkpoint:
-            def __init__(self, path):
-                self.header, self.arrays = calls["saved"][path]
-
-            def names(self):
-                return list(self.arrays)
-
-            def shape(self, name):
-                return self.arrays[name].shape
-
-            def dtype(self, name):
-                return np.dtype(self.arrays[name].dtype)
-
-            def load(self, name, target):
-                calls.setdefault("targets", []).append((name, target))
-                return jax.device_put(self.arrays[name], target)
-
-            def close(self):
-                calls["closed"] = True
-
-            def __enter__(self):
-                return self
-
-            def __exit__(self, *exc):
-                self.close()
-
-        def save_dir(path, leaves, header, *, alignment, checksum, durable):
-            os.makedirs(path)
-            calls.setdefault("saved", {})[os.fspath(path)] = (json.loads(json.dumps(header)), dict(leaves))
-            calls["options"] = (alignment, checksum, durable)
-
-        def open_dir(path, *, mmap=True, verify=False):
-            calls["open"] = (mmap, verify)
-            return Checkpoint(os.fspath(path))
-
-        module = types.ModuleType("tensorlist._jax_shards")
-        module.save_dir, module.open_dir = save_dir, open_dir
-        monkeypatch.setitem(sys.modules, "tensorlist._jax_shards", module)
-        return calls
-
-    def test_save_and_load_a_directory(self, tmp_path, shards):
-        import tensorlist.jax as tlj
-
-        tree = {"w": jnp.ones((2, 2)), "opt": (np.zeros(3, np.float32), None)}
-        tlj.save(tmp_path / "ckpt", tree, sharded=True, metadata={"step": 2}, durable=False)
-        header, leaves = shards["saved"][str(tmp_path / "ckpt")]
-        assert header["format"] == tlj.JAX_TREE_FORMAT and header["metadata"] == {"step": 2}
-        assert list(leaves) == ["w", "opt/0"] and all(isinstance(v, jax.Array) for v in leaves.values())
-        assert shards["options"] == (tensorlist.format.DEFAULT_ALIGNMENT, True, False)
-        dev = jax.devices()[-1]
-        back = tlj.load(tmp_path / "ckpt", device=dev, verify=True)
-        _assert_same_tree(tree, back)
-        assert shards["open"] == (True, True) and shards["closed"]
-        assert shards["targets"] == [("w", dev), ("opt/0", dev)]
-        sds = {"w": jax.ShapeDtypeStruct((2, 3), jnp.float32), "opt": None}
-        with pytest.raises(FormatError, match=r"ckpt: tree at w: the file stores float32 \(2, 2\)"):
-            tlj.load(tmp_path / "ckpt", sharding=sds)
-        with pytest.raises(ValueError, match=r"ckpt: a checkpoint directory takes .* not \['max_tensors'\]"):
-            tlj.load(tmp_path / "ckpt", max_tensors=3)
+    tree = {"w": jnp.ones((2, 2)), "opt": (np.zeros(3, np.float32), None)}
+    tlj.save(tmp_path / "ckpt", tree, sharded=True, metadata={"step": 2}, durable=False)
+    ck = dcp_read.read_metadata(str(tmp_path / "ckpt"))
+    assert ck.tree["format"] == tlj.JAX_TREE_FORMAT and ck.tree["metadata"] == {"step": 2}
+    assert sorted(ck.tensors) == ["opt/0", "w"]
+    dev = jax.devices()[-1]
+    back = tlj.load(tmp_path / "ckpt", device=dev, verify=True)
+    _assert_same_tree(tree, back)
+    assert back["w"].devices() == {dev} and back["opt"][0].devices() == {dev}
+    sds = {"w": jax.ShapeDtypeStruct((2, 3), jnp.float32), "opt": None}
+    with pytest.raises(FormatError, match=r"ckpt: tree at w: the file stores float32 \(2, 2\)"):
+        tlj.load(tmp_path / "ckpt", sharding=sds)
+    with pytest.raises(ValueError, match=r"ckpt: a checkpoint directory takes .* not \['max_tensors'\]"):
+        tlj.load(tmp_path / "ckpt", max_tensors=3)
 
 
 @needs_jax
 def test_cli_inspect_draws_a_sharded_checkpoints_tree(tmp_path, capsys):
-    pytest.importorskip("tensorlist._jax_shards", reason="sharded checkpoints are the shards branch's (_jax_shards)")
     import tensorlist.jax as tlj
     from tensorlist import cli
 
