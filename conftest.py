@@ -1,4 +1,4 @@
-"""pytest's collection at the repository root: the package's doctests need torch only in its adapters.
+"""pytest's collection at the repository root: the doctests need torch, mlx, tensorflow only in their adapters.
 
 Without torch installed (``pip install .`` plus the test tools), the modules
 that import torch are not collected for ``--doctest-modules``, so every other
@@ -10,6 +10,10 @@ collect_ignore = []
 if importlib.util.find_spec("torch") is None:
     collect_ignore += ["tensorlist/torch.py", "tensorlist/_torch_bridge.py", "tensorlist/_staging.py",
                        "tensorlist/nn.py", "tensorlist/dcp.py", "tensorlist/loops"]
+if importlib.util.find_spec("mlx") is None:
+    collect_ignore += ["tensorlist/mlx.py", "tensorlist/_mlx_bridge.py"]
+if importlib.util.find_spec("tensorflow") is None:
+    collect_ignore += ["tensorlist/tensorflow.py", "tensorlist/_tf_bridge.py"]
 # The Orbax adapter imports orbax-checkpoint (and jax): its doctests need both.
 if importlib.util.find_spec("orbax") is None or importlib.util.find_spec("jax") is None:
     collect_ignore += ["tensorlist/orbax.py"]

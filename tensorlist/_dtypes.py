@@ -37,6 +37,7 @@ __all__ = [
     "from_numpy",
     "from_name",
     "UNSUPPORTED_CODES",
+    "check_held",
 ]
 
 
@@ -253,3 +254,28 @@ def from_numpy(dtype) -> DType:
         raise TypeError(f"numpy dtype {dt!r} has no tensorlist dataType code; supported: "
                         + ", ".join(d.name for d in DTYPES))
     return row
+
+
+def check_held(path, arrays, why_not) -> None:
+    """Refuses, before anything is converted, the first array a framework cannot hold.
+
+    Args:
+        path: the file, for the message.
+        arrays: name -> numpy array (a load's result).
+        why_not: a framework bridge's ``refusal``: dtype name -> reason, or None
+            when the framework holds that dtype.
+
+    Raises:
+        UnsupportedDTypeError: naming the file, the tensor (index and name) and the dtype.
+
+    Example:
+        >>> check_held("m.tl", {"w": np.zeros(2, np.complex128)}, lambda n: "no complex128" if n == "complex128"
+        ...            else None)
+        Traceback (most recent call last):
+        tensorlist.errors.UnsupportedDTypeError: m.tl: tensor 0 ('w') has dtype complex128: no complex128
+    """
+    for i, (k, a) in enumerate(arrays.items()):
+        name = from_numpy(a.dtype).name
+        why = why_not(name)
+        if why is not None:
+            raise UnsupportedDTypeError(f"{path}: tensor {i} ({k!r}) has dtype {name}: {why}", dtype=name)

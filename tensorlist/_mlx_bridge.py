@@ -1,0 +1,106 @@
+"""The only MLX <-> numpy conversion of the package (a leaf: imports mlx, numpy, ``_dtypes``, ``errors``).
+
+What MLX 0.32 does with numpy arrays, measured, and what follows here:
+
+- ``mx.array(a)`` always copies (MLX owns its buffers): loading is one copy
+  per tensor, made from the read-only mapping (no page is read twice).
+- ``mx.array(a)`` of a float64 array silently makes a **float32** array, and of
+  a complex128 array a complex64 one: float64 is asked for by name
+  (``dtype=mx.float64``, which MLX holds on the CPU), and complex128, which MLX
+  has no type for, is refused rather than rounded.
+- float8 arrays make ``mx.array`` raise ``RuntimeError: std::bad_cast``, naming
+  nothing: every float8 row is refused here first, naming the tensor.
+- bfloat16 crosses as its ``uint16`` bits (``.view(mx.bfloat16)``), which needs
+  neither MLX's nor numpy's knowledge of the other's bfloat16.
+- ``np.array(x, copy=False)`` of an evaluated ``mx.array`` shares MLX's buffer
+  (the buffer protocol): saving converts without a copy (a strided array is
+  made contiguous by the writer, once).
+"""
+from __future__ import annotations
+
+from typing import Dict, Mapping, Optional
+
+import mlx.core as mx
+import numpy as np
+
+from . import _dtypes
+
+__all__ = ["is_array", "refusal", "to_numpy", "from_numpy", "mlx_dtype", "state_to_numpy", "HELD"]
+
+#: tensorlist dtype name -> MLX dtype, for every row of the table MLX can hold.
+HELD: Dict[str, "mx.Dtype"] = {
+    **{name: getattr(mx, name)
+       for name in ("uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64", "float16", "float32",
+                    "float64", "bfloat16", "complex64")},
+    "bool": mx.bool_,
+}
+_BY_MLX = {v: k for k, v in HELD.items()}
+
+
+def is_array(value) -> bool:
+    return isinstance(value, mx.array)
+
+
+def refusal(name: str) -> Optional[str]:
+    """Why MLX cannot hold tensorlist dtype ``name``, or None when it can."""
+    if name in HELD:
+        return None
+    if name == "complex128":
+        return "MLX has no complex128 type (mx.array would silently round it to complex64)"
+    if name.startswith("float8"):
+        return f"MLX has no {name} type (mx.array raises std::bad_cast on it)"
+    return f"MLX has no {name} type"
+
+
+def mlx_dtype(name: str) -> "mx.Dtype":
+    """The MLX dtype of a tensorlist dtype name; TypeError when MLX has none."""
+    why = refusal(name)
+    if why is not None:
+        raise TypeError(f"dtype {name}: {why}")
+    return HELD[name]
+
+
+def to_numpy(x: "mx.array", where: str = "array") -> np.ndarray:
+    """A numpy array sharing the (evaluated) MLX array's buffer; bfloat16 through ml_dtypes.
+
+    Evaluates ``x`` if it is still lazy; zero-copy otherwise.
+
+    Raises:
+        TypeError: ``x`` has a dtype the table lacks (naming ``where``).
+    """
+    name = _BY_MLX.get(x.dtype)
+    if name is None:
+        raise TypeError(f"{where}: MLX dtype {x.dtype} has no tensorlist dataType code")
+    if name == "bfloat16":
+        return np.array(x.view(mx.uint16), copy=False).view(_dtypes.from_name(name).numpy)
+    return np.array(x, copy=False)
+
+
+def from_numpy(a: np.ndarray, where: str = "tensor") -> "mx.array":
+    """A new MLX array holding ``a``'s values (a copy: MLX owns its buffers).
+
+    Raises:
+        TypeError: MLX cannot hold ``a``'s dtype (complex128, float8), naming ``where``.
+    """
+    row = _dtypes.from_numpy(a.dtype)
+    why = refusal(row.name)
+    if why is not None:
+        raise TypeError(f"{where}: {why}")
+    if row.name == "bfloat16":  # its bits, in the host's order
+        order = a.dtype.byteorder if a.dtype.byteorder in "<>" else "="
+        bits = a.view(np.dtype(np.uint16).newbyteorder(order))
+        return mx.array(bits.astype(np.uint16, copy=False)).view(mx.bfloat16)
+    if not a.dtype.isnative and a.dtype.itemsize > 1:
+        a = a.astype(a.dtype.newbyteorder("="))
+    return mx.array(a, dtype=HELD[row.name])
+
+
+def state_to_numpy(arrays: Mapping[str, "mx.array"]) -> Dict[str, np.ndarray]:
+    """A dict of MLX arrays as numpy arrays (zero-copy), each refused or converted by name."""
+    out = {}
+    for k, v in arrays.items():
+        where = f"tensor {k!r}"
+        if not is_array(v):
+            raise TypeError(f"{where}: expected an mlx.core.array, got {type(v).__name__}")
+        out[k] = to_numpy(v, where)
+    return out
