@@ -37,6 +37,7 @@ from typing import Any, Optional
 import jax
 import orbax.checkpoint as ocp
 
+from . import _tree, reader
 from . import jax as tl_jax
 from .format import DEFAULT_ALIGNMENT
 
@@ -79,6 +80,30 @@ def _restore(directory, target: Any, device: Any, verify: bool) -> Any:
             return tl_jax.load(path, sharding=target, device=device, verify=verify)
     raise FileNotFoundError(f"{directory}: no tensorlist item here (neither {TREE_FILE} nor {SHARDED_DIR}/); "
                             "was it saved with TensorListCheckpointHandler?")
+
+
+def _abstract(directory) -> Optional[Any]:
+    """The saved tree with a ``jax.ShapeDtypeStruct`` at each leaf (no data read), or None without an item."""
+    directory = os.fspath(directory)
+    path = os.path.join(directory, TREE_FILE)
+    if os.path.isfile(path):
+        with reader.Reader(path) as r:
+            header = _tree.tree_header(r.descriptor.metadata, file=r.path)
+            if header is None:
+                return None
+            shapes = {n: jax.ShapeDtypeStruct(tuple(r.info(n).shape), r.info(n).dtype.numpy) for n in r.keys()}
+            return _tree.decode(header["tree"], shapes, file=r.path, field="/metadata/tree")
+    path = os.path.join(directory, SHARDED_DIR)
+    if os.path.isdir(path):
+        from . import _jax_shards  # the sharded layout's reader, only for a sharded item
+
+        with _jax_shards.open_dir(path) as ck:
+            header = _tree.tree_header(ck.header, file=path, field="/tree")
+            if header is None:
+                return None
+            shapes = {n: jax.ShapeDtypeStruct(tuple(ck.shape(n)), ck.dtype(n)) for n in ck.names()}
+            return _tree.decode(header["tree"], shapes, file=path, field="/tree/tree")
+    return None
 
 
 class TensorListCheckpointHandler(ocp.CheckpointHandler):
@@ -138,8 +163,12 @@ class TensorListCheckpointHandler(ocp.CheckpointHandler):
         return _restore(directory, restore_args.target(), restore_args.device, restore_args.verify)
 
     def metadata(self, directory: Any) -> Optional[Any]:
-        """Orbax's item metadata: none beyond what ``tensorlist inspect`` shows of the file."""
-        return None
+        """Orbax's item metadata: the saved tree with a ``jax.ShapeDtypeStruct`` (shape, dtype) at each leaf.
+
+        Reads the descriptor only. Add shardings to it for a restore target
+        (``TensorListRestore(item=...)``).
+        """
+        return _abstract(directory)
 
 
 def _the_args(args: tuple, kwargs: dict, cls: type, what: str, optional: bool = False) -> Any:
@@ -218,7 +247,8 @@ class TensorListHandler:
         >>> from tensorlist.orbax import TensorListHandler
         >>> registry = ocp.handlers.local_registry()
         >>> _ = registry.add(TensorListHandler, checkpointable_name="params")
-        >>> ctx = ocp.Context(checkpointables_options=ocp.options.CheckpointablesOptions(registry=registry))
+        >>> ctx = ocp.Context()
+        >>> ctx.checkpointables.registry = registry
         >>> path = os.path.join(tempfile.mkdtemp(), "ckpt")
         >>> with ctx:
         ...     ocp.save_checkpointables(path, {"params": {"w": jnp.arange(3.0)}})
@@ -233,7 +263,11 @@ class TensorListHandler:
                          "primary_host": primary_host}
 
     async def save(self, directory: Any, checkpointable: Any) -> Any:
-        """Copies nothing in the foreground; the returned awaitable writes once ``directory`` exists."""
+        """Copies nothing in the foreground; the returned awaitable writes once ``directory`` exists.
+
+        Safety: with ``save_checkpointables_async``, the arrays must stay alive
+        (not donated to a jitted step) until the save completes.
+        """
         async def background() -> None:
             path = await directory.await_creation()
             _save(path, checkpointable, None, **self._options)
@@ -246,8 +280,8 @@ class TensorListHandler:
         return background()
 
     async def metadata(self, directory: Any) -> Any:
-        """No abstract tree is built from the file here: ``tensorlist inspect`` shows it."""
-        return None
+        """The saved tree with a ``jax.ShapeDtypeStruct`` at each leaf (the descriptor only is read)."""
+        return _abstract(directory)
 
     def is_handleable(self, checkpointable: Any) -> bool:
         """Any pytree whose leaves are arrays (``jax.Array``, numpy) or ``None``."""

@@ -135,7 +135,8 @@ def test_v1_api_handler_through_a_local_registry(tmp_path):
     v1 = pytest.importorskip("orbax.checkpoint.experimental.v1", reason="Orbax's v1 API (orbax-checkpoint 0.11+)")
     registry = v1.handlers.local_registry()
     registry.add(TensorListHandler, checkpointable_name="params")
-    ctx = v1.Context(checkpointables_options=v1.options.CheckpointablesOptions(registry=registry))
+    ctx = v1.Context()
+    ctx.checkpointables.registry = registry
     tree = params(6)
     with ctx:
         v1.save_checkpointables(tmp_path / "c", {"params": tree})
@@ -143,9 +144,11 @@ def test_v1_api_handler_through_a_local_registry(tmp_path):
         abstract = jax.tree_util.tree_map(
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=SingleDeviceSharding(jax.devices()[0])), tree)
         targeted = v1.load_checkpointables(tmp_path / "c", {"params": abstract})
+        saved = v1.checkpointables_metadata(tmp_path / "c").metadata["params"]
     assert_bit_equal(back["params"], tree)
     assert_bit_equal(targeted["params"], tree)
     assert (tmp_path / "c" / "params" / TREE_FILE).exists()
+    assert saved["embed"]["table"] == jax.ShapeDtypeStruct((16, 8), jnp.bfloat16)
 
 
 class TestRefusals:
@@ -166,3 +169,21 @@ class TestRefusals:
     def test_unexpected_arguments(self, tmp_path):
         with pytest.raises(TypeError, match=r"takes only args=TensorListSave\(\.\.\.\); got also .*'item'"):
             TensorListCheckpointHandler().save(tmp_path, args=TensorListSave(params()), item=params())
+
+
+def test_item_metadata_is_the_abstract_tree(tmp_path):
+    """``item_metadata`` reads the descriptor only: the saved tree with a ShapeDtypeStruct at each leaf."""
+    tree = params(8)
+    with ocp.CheckpointManager(tmp_path / "run", item_handlers=TensorListCheckpointHandler()) as mngr:
+        mngr.save(0, args=TensorListSave(tree))
+        mngr.wait_until_finished()
+        abstract = mngr.item_metadata(0)
+        assert jax.tree_util.tree_structure(abstract) == jax.tree_util.tree_structure(tree)
+        for a, x in zip(jax.tree_util.tree_leaves(abstract), jax.tree_util.tree_leaves(tree)):
+            assert isinstance(a, jax.ShapeDtypeStruct) and (a.shape, a.dtype) == (x.shape, x.dtype)
+        # with shardings added, it is a restore target
+        device = jax.devices()[0]
+        target = jax.tree_util.tree_map(
+            lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=SingleDeviceSharding(device)), abstract)
+        assert_bit_equal(mngr.restore(0, args=TensorListRestore(target)), tree)
+    assert TensorListCheckpointHandler().metadata(tmp_path) is None  # no item here
