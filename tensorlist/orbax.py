@@ -83,7 +83,11 @@ def _restore(directory, target: Any, device: Any, verify: bool) -> Any:
 
 
 def _abstract(directory) -> Optional[Any]:
-    """The saved tree with a ``jax.ShapeDtypeStruct`` at each leaf (no data read), or None without an item."""
+    """The saved tree with a ``jax.ShapeDtypeStruct`` at each leaf (no data read), or None.
+
+    None: no single-file item here (nothing saved, or a sharded ``tree/`` item, whose abstract tree is
+    not built here).
+    """
     directory = os.fspath(directory)
     path = os.path.join(directory, TREE_FILE)
     if os.path.isfile(path):
@@ -93,16 +97,8 @@ def _abstract(directory) -> Optional[Any]:
                 return None
             shapes = {n: jax.ShapeDtypeStruct(tuple(r.info(n).shape), r.info(n).dtype.numpy) for n in r.keys()}
             return _tree.decode(header["tree"], shapes, file=r.path, field="/metadata/tree")
-    path = os.path.join(directory, SHARDED_DIR)
-    if os.path.isdir(path):
-        from . import _jax_shards  # the sharded layout's reader, only for a sharded item
-
-        with _jax_shards.open_dir(path) as ck:
-            header = _tree.tree_header(ck.header, file=path, field="/tree")
-            if header is None:
-                return None
-            shapes = {n: jax.ShapeDtypeStruct(tuple(ck.shape(n)), ck.dtype(n)) for n in ck.names()}
-            return _tree.decode(header["tree"], shapes, file=path, field="/tree/tree")
+    # a sharded item (tree/): its abstract tree is the shards reader's (_jax_shards.open_dir(...).header,
+    # .names(), .shape(), .dtype()); left to tensorlist.jax, which owns that reader: None here
     return None
 
 
