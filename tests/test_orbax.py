@@ -187,3 +187,37 @@ def test_item_metadata_is_the_abstract_tree(tmp_path):
             lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=SingleDeviceSharding(device)), abstract)
         assert_bit_equal(mngr.restore(0, args=TensorListRestore(target)), tree)
     assert TensorListCheckpointHandler().metadata(tmp_path) is None  # no item here
+
+
+def _mapped_file(address: int):
+    """The file whose mapping holds ``address`` in this process (Linux's /proc/self/maps), or None."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            fields = line.split(maxsplit=5)
+            lo, hi = (int(x, 16) for x in fields[0].split("-"))
+            if lo <= address < hi:
+                return fields[5].strip() if len(fields) == 6 else None
+    return None
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="reads the process's mappings from Linux's /proc")
+def test_restore_on_cpu_aliases_the_mapped_file(tmp_path):
+    """Restored leaves are views of the item's data file (zero-copy), bfloat16 included."""
+    tree = params(9)
+    with ocp.Checkpointer(TensorListCheckpointHandler()) as ckptr:
+        ckptr.save(tmp_path / "c", args=TensorListSave(tree))
+        back = ckptr.restore(tmp_path / "c", args=TensorListRestore())
+    data_files = {str(p) for p in (tmp_path / "c").iterdir() if p.name.endswith(".data")}
+    for leaf in (back["dense"]["kernel"], back["embed"]["table"]):
+        assert _mapped_file(leaf.addressable_data(0).unsafe_buffer_pointer()) in data_files
+
+
+def test_verify_finds_a_corrupted_item(tmp_path):
+    with ocp.Checkpointer(TensorListCheckpointHandler()) as ckptr:
+        ckptr.save(tmp_path / "c", args=TensorListSave(params()))
+    [data] = [p for p in (tmp_path / "c").iterdir() if p.name.endswith(".data")]
+    raw = bytearray(data.read_bytes())
+    raw[0] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    with pytest.raises(tensorlist.ChecksumError, match="CRC32C"):
+        TensorListCheckpointHandler().restore(tmp_path / "c", args=TensorListRestore(verify=True))
