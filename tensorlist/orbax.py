@@ -32,9 +32,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 from . import _tree, reader
@@ -71,6 +72,13 @@ def _save(directory, tree: Any, metadata: Any, *, alignment: int, checksum: bool
                     checksum=checksum, durable=durable)
 
 
+def _host_copy(leaf: Any) -> Any:
+    """A host copy of an array leaf (what an async save writes later); anything else as it is."""
+    if isinstance(leaf, jax.Array) or isinstance(leaf, np.ndarray):
+        return np.array(leaf, copy=True)
+    return leaf
+
+
 def _restore(directory, target: Any, device: Any, verify: bool) -> Any:
     """Loads the item directory's tree onto ``target`` (an abstract tree, a Sharding or None) or ``device``."""
     directory = os.fspath(directory)
@@ -102,8 +110,15 @@ def _abstract(directory) -> Optional[Any]:
     return None
 
 
-class TensorListCheckpointHandler(ocp.CheckpointHandler):
+class TensorListCheckpointHandler(ocp.AsyncCheckpointHandler):
     """An Orbax ``CheckpointHandler`` that stores a pytree as a tensorlist file.
+
+    ``save`` (``ocp.Checkpointer``) writes before it returns. ``async_save``
+    (``ocp.AsyncCheckpointer``, ``CheckpointManager``'s default) copies the
+    leaves to host memory in the caller's thread, so that the arrays may be
+    donated or changed as soon as it returns, and writes in Orbax's background
+    commit; a tree sharded across processes is written in the caller's thread
+    (every process takes part).
 
     Args:
         alignment: byte alignment of every tensor (the default, 64, is what
@@ -144,6 +159,24 @@ class TensorListCheckpointHandler(ocp.CheckpointHandler):
         save_args = _the_args(args, kwargs, TensorListSave, "save")
         _save(directory, save_args.item, save_args.metadata, alignment=self._alignment,
               checksum=self._checksum, durable=self._durable, primary_host=self._primary_host)
+
+    async def async_save(self, directory: Any, *args: Any, **kwargs: Any) -> List[Any]:
+        """Copies ``args.item`` to host memory now; the returned commit future writes it.
+
+        Raises:
+            TypeError: ``args`` is not a :class:`TensorListSave`.
+        """
+        save_args = _the_args(args, kwargs, TensorListSave, "async_save")
+        options = {"alignment": self._alignment, "checksum": self._checksum, "durable": self._durable,
+                   "primary_host": self._primary_host}
+        if _is_sharded_across_processes(save_args.item) or not ocp.multihost.is_primary_host(self._primary_host):
+            _save(directory, save_args.item, save_args.metadata, **options)  # collective, or nothing to write
+            return []
+        host = jax.tree_util.tree_map(_host_copy, save_args.item)
+
+        async def write() -> None:
+            _save(directory, host, save_args.metadata, **options)
+        return [ocp.future.CommitFutureAwaitingContractedSignals(write(), name="tensorlist_save")]
 
     def restore(self, directory: Any, *args: Any, **kwargs: Any) -> Any:
         """Loads the tree saved in ``directory``, as :class:`TensorListRestore` asks.

@@ -221,3 +221,18 @@ def test_verify_finds_a_corrupted_item(tmp_path):
     data.write_bytes(bytes(raw))
     with pytest.raises(tensorlist.ChecksumError, match="CRC32C"):
         TensorListCheckpointHandler().restore(tmp_path / "c", args=TensorListRestore(verify=True))
+
+
+def test_async_save_copies_the_leaves_before_it_returns(tmp_path):
+    """CheckpointManager saves asynchronously: leaves changed right after save() returns are saved unchanged."""
+    tree = {"w": np.arange(1 << 16, dtype=np.float32), "b": jnp.ones(4, jnp.bfloat16)}
+    want = {"w": tree["w"].copy(), "b": tree["b"]}
+    options = ocp.CheckpointManagerOptions(enable_async_checkpointing=True)
+    with ocp.CheckpointManager(tmp_path / "run", options=options,
+                               item_handlers=TensorListCheckpointHandler()) as mngr:
+        mngr.save(0, args=TensorListSave(tree))
+        tree["w"][:] = -1.0  # the training step reusing its buffers
+        mngr.wait_until_finished()
+        back = mngr.restore(0, args=TensorListRestore())
+    np.testing.assert_array_equal(np.asarray(back["w"]), want["w"])
+    assert_bit_equal({"b": back["b"]}, {"b": want["b"]})
