@@ -82,6 +82,7 @@ def test_checkpoint_manager_steps_latest_and_restore_of_step_n(tmp_path):
     with ocp.CheckpointManager(tmp_path / "run", item_handlers=TensorListCheckpointHandler()) as mngr:
         assert mngr.latest_step() == 2
         assert_bit_equal(mngr.restore(2, args=TensorListRestore()), params(2))
+        assert_bit_equal(mngr.restore(None), params(2))  # no step, no args: the latest, as saved
 
 
 def test_checkpoint_manager_composite_items(tmp_path):
