@@ -10,6 +10,8 @@ collect_ignore = []
 if importlib.util.find_spec("torch") is None:
     collect_ignore += ["tensorlist/torch.py", "tensorlist/_torch_bridge.py", "tensorlist/_staging.py",
                        "tensorlist/nn.py", "tensorlist/dcp.py", "tensorlist/loops"]
+if importlib.util.find_spec("jax") is None:
+    collect_ignore += ["tensorlist/jax.py", "tensorlist/_jax_bridge.py"]
 if importlib.util.find_spec("mlx") is None:
     collect_ignore += ["tensorlist/mlx.py", "tensorlist/_mlx_bridge.py"]
 if importlib.util.find_spec("tensorflow") is None:

@@ -13,7 +13,7 @@ from typing import List, Optional
 
 import numpy as np
 
-from . import __version__, _backends
+from . import __version__, _backends, _tree
 from .errors import TensorListError
 from .format import find_tensor_lists, looks_like_list, read_json_file
 from .reader import Reader
@@ -84,16 +84,35 @@ def _inspect_one(path: str, pointer: Optional[str], as_json: bool, out) -> None:
                       f"{_human(r_['bytes']):>10} {r_['offset']:>12}\n")
         out.write(f"  {len(rows)} tensors, {_human(total)} of data, {_human(d.byte_length)} with padding\n")
         summary = _record_summary(d.metadata)
-        if d.metadata is not None:
-            shown = d.metadata
+        tree_lines, shown = _tree_display(d.metadata, {t.key: f"{t.dtype.name} {tuple(t.shape)}" for t in d.tensors},
+                                          r.path)
+        if shown is not None:
             if summary is not None and isinstance(shown, dict):
                 shown = {k: ("<training record: see below>" if k == "training" else v) for k, v in shown.items()}
             text = json.dumps(shown, indent=2)
             out.write("  metadata: " + (text if len(text) < 2000 else text[:2000] + " ...") + "\n")
+        for line in tree_lines:
+            out.write(line + "\n")
         if summary is not None:
             out.write("  training record:\n")
             for k, v in summary.items():
                 out.write(f"    {k}: {v}\n")
+
+
+def _tree_display(metadata, info, path: str):
+    """The lines drawing a ``tensorlist.jax`` tree file's tree, and the metadata to show beside them.
+
+    A tree file's metadata is shown as the user's metadata (the spec drawn
+    instead of dumped); any other metadata as it is, with no tree lines.
+    """
+    try:
+        header = _tree.tree_header(metadata, file=path)
+    except TensorListError as e:
+        return [f"  tree: invalid ({e.reason})"], metadata
+    if header is None:
+        return [], metadata
+    return [f"  tree ({header['format']}):"] + ["    " + line for line in _tree.render(header["tree"], info)], \
+        header["metadata"]
 
 
 def _record_summary(metadata) -> Optional[dict]:

@@ -13,8 +13,6 @@ with a reason.
 """
 import os
 
-# Four CPU devices for the JAX tests' meshes: XLA reads this once, when jax is first imported, so it is
-# set here, before any test module imports jax (a value the caller set is kept).
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 
 import socket

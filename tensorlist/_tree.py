@@ -1,0 +1,492 @@
+"""The structure of a pytree as JSON: encode, check, decode, render (stdlib only: no numpy, no framework).
+
+A tree is saved as its leaves (a named TensorList) and a *spec*: one JSON
+object per node, so that every node comes back as what it was::
+
+    {"kind": "dict", "keys": ["params", 0], "children": [<node>, <node>]}
+    {"kind": "ordereddict", "keys": [...], "children": [...]}
+    {"kind": "list", "children": [...]}        {"kind": "tuple", "children": [...]}
+    {"kind": "namedtuple", "type": "pkg.mod:Point", "fields": ["x", "y"], "children": [...]}
+    {"kind": "none"}                            {"kind": "leaf", "name": "params/dense/kernel"}
+
+plus the kinds an adapter registers (:func:`register`: ``flax.FrozenDict``,
+``nnx.State``). A key is a str or an int, kept apart (a list index, the dict
+key ``0`` and the dict key ``"0"`` are three different specs, though they
+print alike). Leaves are named by their key path joined by ``/``
+(``params/dense/kernel``; a root leaf is :data:`ROOT_NAME`); two paths that
+print alike get a ``~1``, ``~2``... suffix in the order met, so names are
+unique, and only the spec, never the names, rebuilds the tree.
+
+Depth: each tree level costs two JSON levels (a node and its children
+array), and no strict reader takes JSON deeper than ``_jsonio.MAX_DEPTH``, so
+a tree deeper than :data:`MAX_TREE_DEPTH` is refused when saved and when
+read; every walk here is iterative, never recursive.
+
+:func:`check` validates a spec against the names of the tensors it is stored
+with, in one pass and before anything is built: every node of a known kind,
+keys of the right types and unique, every tensor referenced exactly once, a
+namedtuple's fields those of the class. Each failure is a FormatError naming
+the file, the JSON pointer of the node, and its path in the tree.
+"""
+from __future__ import annotations
+
+import collections
+import importlib
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+from ._jsonio import MAX_DEPTH
+from .errors import FormatError, short_repr
+
+__all__ = ["JAX_TREE_FORMAT", "MAX_TREE_DEPTH", "ROOT_NAME", "NodeType", "register", "unregister", "encode", "check", "build",
+           "decode", "render", "node_of", "make_header", "tree_header", "Plan"]
+
+#: The ``format`` of the metadata a tree file carries:
+#: ``{"format": JAX_TREE_FORMAT, "tree": <spec>, "metadata": <user metadata>}``.
+JAX_TREE_FORMAT = "tensorlist.jax-tree/1"
+
+#: Deepest tree (nodes below the root) a spec may describe: two JSON levels per
+#: tree level, and a margin for the levels above the spec (descriptor, header).
+MAX_TREE_DEPTH = (MAX_DEPTH - 8) // 2
+
+#: The tensor name of a tree that is a single leaf.
+ROOT_NAME = "root"
+
+#: The suffix that makes a name unique when two key paths print alike.
+DEDUPE_SEPARATOR = "~"
+
+_SEQUENCE_KINDS = ("list", "tuple")
+_KEYED_KINDS = ("dict", "ordereddict")
+_FIELDS = {
+    "dict": {"kind", "keys", "children"}, "ordereddict": {"kind", "keys", "children"},
+    "list": {"kind", "children"}, "tuple": {"kind", "children"},
+    "namedtuple": {"kind", "type", "fields", "children"}, "none": {"kind"}, "leaf": {"kind", "name"},
+}
+
+
+@dataclass(frozen=True)
+class NodeType:
+    """A container type an adapter teaches the codec (``flax.core.FrozenDict``, say).
+
+    Attributes:
+        kind: the spec's ``kind`` (``"flax.FrozenDict"``).
+        module, qualname: where the type lives; the module is imported only when
+            a file's spec names ``kind`` (the file never names a module itself),
+            and an object is matched only if its module is already imported.
+        keyed: whether the node has ``keys`` (a mapping) or only ``children``.
+        flatten: ``obj -> (keys or None, children)``.
+        unflatten: ``(keys or None, children) -> obj``.
+    """
+
+    kind: str
+    module: str
+    qualname: str
+    keyed: bool
+    flatten: Callable[[Any], Tuple[Optional[List[Any]], List[Any]]]
+    unflatten: Callable[[Optional[List[Any]], List[Any]], Any]
+
+    def type(self, *, load: bool = False):
+        """The registered class, or None when its module is not imported (and ``load`` is False)."""
+        mod = sys.modules.get(self.module)
+        if mod is None and load:
+            mod = importlib.import_module(self.module)
+        return _lookup(mod, self.qualname) if mod is not None else None
+
+
+_REGISTRY: Dict[str, NodeType] = {}
+
+
+def register(node_type: NodeType) -> None:
+    """Teaches the codec a container type (idempotent; a kind is registered once).
+
+    Raises:
+        ValueError: ``kind`` is a built-in kind, or registered with another type.
+    """
+    if node_type.kind in _FIELDS:
+        raise ValueError(f"{node_type.kind!r} is a built-in node kind")
+    old = _REGISTRY.get(node_type.kind)
+    if old is not None and (old.module, old.qualname) != (node_type.module, node_type.qualname):
+        raise ValueError(f"node kind {node_type.kind!r} is already registered for {old.module}.{old.qualname}")
+    _REGISTRY[node_type.kind] = node_type
+
+
+def unregister(kind: str) -> None:
+    """Forgets a registered kind (a no-op for one never registered)."""
+    _REGISTRY.pop(kind, None)
+
+
+def _lookup(root, qualname: str):
+    obj = root
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj
+
+
+def _path_text(tokens: Sequence[Any]) -> str:
+    return "/".join(str(t) for t in tokens) if tokens else "(root)"
+
+
+def _is_key(k: Any) -> bool:
+    return isinstance(k, str) or (isinstance(k, int) and not isinstance(k, bool))
+
+
+# --------------------------------------------------------------------------
+# encode
+
+
+def node_of(obj: Any, path: Sequence[Any] = ()):
+    """``(kind, keys, children, extra)`` of a container ``obj``, None for a leaf (``path`` for messages).
+
+    ``keys`` is None for a sequence kind; a namedtuple's ``extra`` holds its
+    ``type`` and ``fields``.
+    """
+    if obj is None:
+        return "none", None, [], {}
+    for nt in _REGISTRY.values():
+        t = nt.type()
+        if t is not None and isinstance(obj, t):
+            keys, children = nt.flatten(obj)
+            return nt.kind, (list(keys) if nt.keyed else None), list(children), {}
+    t = type(obj)
+    if t is dict or t is collections.OrderedDict:
+        return ("dict" if t is dict else "ordereddict"), list(obj.keys()), list(obj.values()), {}
+    if isinstance(obj, tuple) and hasattr(t, "_fields"):
+        return "namedtuple", None, list(obj), {"type": f"{t.__module__}:{t.__qualname__}",
+                                                "fields": list(t._fields)}
+    if t is list or t is tuple:
+        return t.__name__, None, list(obj), {}
+    if isinstance(obj, (dict, list, tuple)):
+        raise TypeError(f"tree at {_path_text(path)}: a {t.__module__}.{t.__qualname__} (a subclass of "
+                        f"{[b.__name__ for b in (dict, list, tuple) if isinstance(obj, b)][0]}) would come back "
+                        "as another type: convert it to a plain dict, list or tuple first")
+    return None
+
+
+def encode(tree: Any) -> Tuple[Dict[str, Any], List[Tuple[str, Any]]]:
+    """The spec of ``tree`` and its leaves ``(name, value)`` in the order they are stored.
+
+    A leaf is anything that is not a container the codec knows (dict,
+    OrderedDict, list, tuple, namedtuple, None, a registered type); the caller
+    decides which leaves it can store.
+
+    Raises:
+        TypeError: a key that is neither str nor int, a subclass of dict, list
+            or tuple that would come back as another type (each naming the
+            path in the tree).
+        ValueError: a tree deeper than MAX_TREE_DEPTH (or a cycle).
+
+    Example:
+        >>> spec, leaves = encode({"w": 1, "b": [2, None]})
+        >>> [name for name, _ in leaves]
+        ['w', 'b/0']
+        >>> spec["keys"], spec["children"][1]
+        (['w', 'b'], {'kind': 'list', 'children': [{'kind': 'leaf', 'name': 'b/0'}, {'kind': 'none'}]})
+    """
+    leaves: List[Tuple[str, Any]] = []
+    used: Dict[str, int] = {}
+    root: Dict[str, Any] = {}
+    stack = [(tree, (), root, 0)]
+    while stack:
+        obj, path, node, depth = stack.pop()
+        if depth > MAX_TREE_DEPTH:
+            raise ValueError(f"tree at {_path_text(path[:8])}/...: deeper than {MAX_TREE_DEPTH} levels (or a "
+                             "cycle), which no strict JSON reader would read back")
+        c = node_of(obj, path)
+        if c is None:
+            node["kind"] = "leaf"
+            node["name"] = _unique("/".join(str(t) for t in path) if path else ROOT_NAME, used)
+            leaves.append((node["name"], obj))
+            continue
+        kind, keys, children, extra = c
+        node["kind"] = kind
+        node.update(extra)
+        if kind == "none":
+            continue
+        if keys is not None:
+            for k in keys:
+                if not _is_key(k):
+                    raise TypeError(f"tree at {_path_text(path)}: key {short_repr(k)} is a {type(k).__name__}; "
+                                    "only str and int keys are stored")
+            node["keys"] = keys
+        tokens = keys if keys is not None else extra.get("fields", range(len(children)))
+        node["children"] = [{} for _ in children]
+        for tok, child, slot in reversed(list(zip(tokens, children, node["children"]))):
+            stack.append((child, path + (tok,), slot, depth + 1))
+    return root, leaves
+
+
+def _unique(name: str, used: Dict[str, int]) -> str:
+    if name not in used:
+        used[name] = 0
+        return name
+    n = used[name]
+    while True:
+        n += 1
+        candidate = f"{name}{DEDUPE_SEPARATOR}{n}"
+        if candidate not in used:
+            used[name] = n
+            used[candidate] = 0
+            return candidate
+
+
+# --------------------------------------------------------------------------
+# check and build
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A checked spec: ``leaves`` (tensor names in the order the tree meets them) and the build steps."""
+
+    leaves: Tuple[str, ...]
+    steps: Tuple[Tuple[str, Any, int], ...]  # preorder (kind, payload, arity)
+
+
+def check(spec: Any, names: Iterable[str], *, file: Optional[str] = None, field: str = "") -> Plan:
+    """Validates ``spec`` against the stored tensors' ``names``; nothing is built.
+
+    Args:
+        spec: the parsed JSON spec.
+        names: the names of the tensors stored with it.
+        file: the file, for messages.
+        field: the JSON pointer of ``spec`` in the file's document (e.g.
+            ``/metadata/tree``); each error's field extends it.
+
+    Raises:
+        FormatError: an unknown node kind or field, keys or fields of the
+            wrong type or count, a tree deeper than MAX_TREE_DEPTH, a leaf
+            naming a tensor that is not stored or is already used, a tensor
+            no leaf names, a namedtuple whose fields are not its class's.
+
+    Example:
+        >>> check({"kind": "list", "children": [{"kind": "leaf", "name": "0"}]}, ["0"]).leaves
+        ('0',)
+    """
+    stored = list(names)
+    remaining = {n: i for i, n in enumerate(stored)}
+    leaves: List[str] = []
+    steps: List[Tuple[str, Any, int]] = []
+    stack = [(spec, field, (), 0)]
+
+    while stack:
+        node, ptr, path, depth = stack.pop()
+
+        def fail(reason: str, at: str = "", tensor: Optional[str] = None):
+            raise FormatError(f"tree at {_path_text(path)}: {reason}", file=file, field=ptr + at or "/",
+                              tensor_name=tensor, tensor_index=None if tensor is None else stored.index(tensor))
+
+        if depth > MAX_TREE_DEPTH:
+            fail(f"the tree is deeper than {MAX_TREE_DEPTH} levels")
+        if not isinstance(node, dict):
+            fail(f"a node must be an object, not {short_repr(node)}")
+        kind = node.get("kind")
+        if not isinstance(kind, str):
+            fail(f"'kind' must be a string, not {short_repr(kind)}", "/kind")
+        nt = _REGISTRY.get(kind)
+        allowed = _FIELDS.get(kind) or (None if nt is None else ({"kind", "keys", "children"} if nt.keyed
+                                                                 else {"kind", "children"}))
+        if allowed is None:
+            fail(f"unknown node kind {short_repr(kind)} (known: {sorted(_FIELDS) + sorted(_REGISTRY)}; a kind "
+                 "from an adapter is known once the adapter is imported)", "/kind")
+        missing = sorted(allowed - set(node))
+        extra = sorted(set(node) - allowed)
+        if missing or extra:
+            fail(f"a {kind!r} node has exactly the fields {sorted(allowed)}"
+                 + (f"; missing {missing}" if missing else "") + (f"; unexpected {extra}" if extra else ""))
+        if kind == "none":
+            steps.append(("none", None, 0))
+            continue
+        if kind == "leaf":
+            name = node["name"]
+            if not isinstance(name, str):
+                fail(f"a leaf's 'name' must be a string, not {short_repr(name)}", "/name")
+            if name not in remaining:
+                if name in leaves:
+                    fail(f"tensor {name!r} is already a leaf of the tree (each tensor is referenced exactly "
+                         "once)", "/name", name)
+                fail(f"the leaf names tensor {name!r}, which the file does not store", "/name")
+            del remaining[name]
+            leaves.append(name)
+            steps.append(("leaf", name, 0))
+            continue
+        children = node["children"]
+        if not isinstance(children, list):
+            fail(f"'children' must be an array, not {short_repr(children)}", "/children")
+        tokens: Sequence[Any] = range(len(children))
+        payload: Any = None
+        if "keys" in allowed or kind == "namedtuple":
+            label = "fields" if kind == "namedtuple" else "keys"
+            keys = node[label]
+            if not isinstance(keys, list) or len(keys) != len(children):
+                fail(f"{label!r} must be an array as long as 'children' ({len(children)}), not "
+                     f"{short_repr(keys)}", "/" + label)
+            for i, k in enumerate(keys):
+                ok = isinstance(k, str) if kind == "namedtuple" else _is_key(k)
+                if not ok:
+                    fail(f"{label[:-1]} {i} is {short_repr(k)}: a {'field' if kind == 'namedtuple' else 'key'} "
+                         f"is {'a string' if kind == 'namedtuple' else 'a string or an integer'}",
+                         f"/{label}/{i}")
+            seen = set()
+            for i, k in enumerate(keys):
+                if (type(k), k) in seen:
+                    fail(f"{label[:-1]} {short_repr(k)} appears twice", f"/{label}/{i}")
+                seen.add((type(k), k))
+            tokens = keys
+            payload = keys
+            if kind == "namedtuple":
+                payload = (_namedtuple_class(node["type"], keys, fail), keys)
+        steps.append((kind, payload, len(children)))
+        for i in reversed(range(len(children))):
+            stack.append((children[i], f"{ptr}/children/{i}", path + (tokens[i],), depth + 1))
+
+    if remaining:
+        extra_name = min(remaining, key=remaining.get)
+        raise FormatError(f"tensor {extra_name!r} is stored but no leaf of the tree names it "
+                          f"({len(remaining)} such tensor{'s' if len(remaining) != 1 else ''})", file=file,
+                          field=field or "/", tensor_index=remaining[extra_name], tensor_name=extra_name)
+    return Plan(tuple(leaves), tuple(steps))
+
+
+_DYNAMIC: Dict[Tuple[str, Tuple[str, ...]], type] = {}
+
+
+def _namedtuple_class(type_name: Any, fields: List[str], fail) -> type:
+    """The namedtuple class ``type_name`` ("module:qualname") if its module is imported, else one made alike.
+
+    The file's module is never imported: a class whose module the program has
+    not imported comes back as ``collections.namedtuple`` of the same name and
+    fields.
+    """
+    if not isinstance(type_name, str) or type_name.count(":") != 1:
+        fail(f"a namedtuple's 'type' must be 'module:qualname', not {short_repr(type_name)}", "/type")
+    module, qualname = type_name.split(":")
+    mod = sys.modules.get(module)
+    cls = _lookup(mod, qualname) if mod is not None and qualname else None
+    if cls is not None:
+        if not (isinstance(cls, type) and issubclass(cls, tuple) and hasattr(cls, "_fields")):
+            fail(f"{type_name} is not a namedtuple class", "/type")
+        if list(cls._fields) != fields:
+            fail(f"namedtuple {type_name} has the fields {list(cls._fields)}, the file {fields}", "/fields")
+        return cls
+    key = (type_name, tuple(fields))
+    if key not in _DYNAMIC:
+        simple = qualname.rsplit(".", 1)[-1] or "namedtuple"
+        try:
+            _DYNAMIC[key] = collections.namedtuple(simple, fields)
+        except ValueError as e:
+            fail(f"namedtuple {short_repr(type_name)} cannot be rebuilt: {e}", "/fields")
+    return _DYNAMIC[key]
+
+
+def build(plan: Plan, leaves: Mapping[str, Any]) -> Any:
+    """The tree of a checked plan with ``leaves[name]`` at each leaf (iterative)."""
+    values: List[Any] = []
+    for kind, payload, arity in reversed(plan.steps):
+        children = [values.pop() for _ in range(arity)]
+        if kind == "leaf":
+            values.append(leaves[payload])
+        elif kind == "none":
+            values.append(None)
+        elif kind == "list":
+            values.append(children)
+        elif kind == "tuple":
+            values.append(tuple(children))
+        elif kind == "dict":
+            values.append(dict(zip(payload, children)))
+        elif kind == "ordereddict":
+            values.append(collections.OrderedDict(zip(payload, children)))
+        elif kind == "namedtuple":
+            values.append(payload[0]._make(children))
+        else:
+            nt = _REGISTRY[kind]
+            nt.type(load=True)
+            values.append(nt.unflatten(payload, children))
+    [tree] = values
+    return tree
+
+
+def decode(spec: Any, arrays: Mapping[str, Any], *, file: Optional[str] = None, field: str = "") -> Any:
+    """The tree ``spec`` describes, with ``arrays[name]`` at each leaf; checked first (see :func:`check`).
+
+    Example:
+        >>> spec, _ = encode({"a": (1, None), 0: [2]})
+        >>> decode(spec, {"a/0": "x", "0/0": "y"})
+        {'a': ('x', None), 0: ['y']}
+    """
+    return build(check(spec, arrays.keys(), file=file, field=field), arrays)
+
+
+# --------------------------------------------------------------------------
+# header and render
+
+
+def make_header(spec: Dict[str, Any], metadata: Any = None) -> Dict[str, Any]:
+    """The metadata document of a tree file: format, spec and the user's metadata."""
+    return {"format": JAX_TREE_FORMAT, "tree": spec, "metadata": metadata}
+
+
+def tree_header(metadata: Any, *, file: Optional[str] = None, field: str = "/metadata") -> Optional[Dict[str, Any]]:
+    """The tree header in a file's metadata, or None if the metadata is not a tree file's.
+
+    Raises:
+        FormatError: the metadata claims the tree format but lacks its fields.
+    """
+    if not (isinstance(metadata, dict) and metadata.get("format") == JAX_TREE_FORMAT):
+        return None
+    if set(metadata) != {"format", "tree", "metadata"}:
+        raise FormatError(f"a {JAX_TREE_FORMAT} header has exactly the fields ['format', 'metadata', 'tree'], "
+                          f"not {sorted(metadata)}", file=file, field=field)
+    return metadata
+
+
+def render(spec: Any, info: Optional[Mapping[str, str]] = None) -> List[str]:
+    """Text lines drawing the tree (for ``tensorlist inspect``); malformed nodes are shown, not refused.
+
+    Args:
+        spec: a spec (checked or not).
+        info: optional text per tensor name (dtype and shape), shown beside its leaf.
+
+    Example:
+        >>> spec, _ = encode({"params": {"w": 1}, "step": None})
+        >>> print("\\n".join(render(spec, {"params/w": "float32 (2, 3)"})))
+        dict
+        ├── 'params': dict
+        │   └── 'w': params/w  float32 (2, 3)
+        └── 'step': None
+    """
+    info = info or {}
+    lines: List[str] = []
+    stack: List[Tuple[Any, str, str, str, int]] = [(spec, "", "", "", 0)]
+    while stack:
+        node, label, lead, child_lead, depth = stack.pop()
+        if depth > MAX_TREE_DEPTH:
+            lines.append(f"{lead}{label}...")
+            continue
+        kind = node.get("kind") if isinstance(node, dict) else None
+        if kind == "leaf":
+            name = node.get("name")
+            text = f"{name}  {info[name]}" if isinstance(name, str) and name in info else str(name)
+        elif kind == "none":
+            text = "None"
+        elif kind == "namedtuple":
+            text = f"namedtuple {node.get('type')}"
+        elif isinstance(kind, str):
+            text = kind
+        else:
+            text = f"? {short_repr(node, 60)}"
+        lines.append(f"{lead}{label}{text}")
+        children = node.get("children") if isinstance(node, dict) else None
+        if not isinstance(children, list) or kind in ("leaf", "none"):
+            continue
+        keys = node.get("fields" if kind == "namedtuple" else "keys")
+        keys = keys if isinstance(keys, list) and len(keys) == len(children) else None
+        for i in reversed(range(len(children))):
+            last = i == len(children) - 1
+            tok = repr(keys[i]) if keys is not None and kind != "namedtuple" else (
+                str(keys[i]) if keys is not None else f"[{i}]")
+            stack.append((children[i], f"{tok}: ", child_lead + ("└── " if last else "├── "),
+                          child_lead + ("    " if last else "│   "), depth + 1))
+    return lines
+

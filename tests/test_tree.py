@@ -1,0 +1,185 @@
+"""The pytree structure codec (``tensorlist._tree``): round trips, names, the checks, render; no numpy, no jax."""
+import collections
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from tensorlist import _tree
+from tensorlist.errors import FormatError
+
+Point = collections.namedtuple("Point", "x y")
+
+
+class Leaf:
+    """A leaf the codec cannot mistake for a container (compared by identity)."""
+
+
+def _leaves():
+    return st.builds(Leaf)
+
+
+_keys = st.one_of(st.text(max_size=4), st.integers(-3, 3))
+_trees = st.recursive(
+    st.one_of(_leaves(), st.none()),
+    lambda kids: st.one_of(
+        st.lists(kids, max_size=3),
+        st.lists(kids, max_size=3).map(tuple),
+        st.dictionaries(_keys, kids, max_size=3),
+        st.dictionaries(_keys, kids, max_size=3).map(collections.OrderedDict),
+        st.builds(Point, kids, kids),
+    ),
+    max_leaves=12,
+)
+
+
+def _same(a, b) -> bool:
+    """Same structure, node types, keys (and key types) and the very same leaves (iterative)."""
+    stack = [(a, b)]
+    while stack:
+        x, y = stack.pop()
+        if type(x) is not type(y):
+            return False
+        if isinstance(x, dict):
+            if [(type(k), k) for k in x] != [(type(k), k) for k in y]:
+                return False
+            stack.extend(zip(x.values(), y.values()))
+        elif isinstance(x, (list, tuple)):
+            if len(x) != len(y):
+                return False
+            stack.extend(zip(x, y))
+        elif x is not y:
+            return False
+    return True
+
+
+@settings(max_examples=150, deadline=None)
+@given(_trees)
+def test_round_trip(tree):
+    spec, leaves = _tree.encode(tree)
+    names = [n for n, _ in leaves]
+    assert len(set(names)) == len(names)
+    back = _tree.decode(spec, dict(leaves))
+    assert _same(tree, back)
+    assert _tree.check(spec, names).leaves == tuple(names)
+
+
+def test_index_and_keys_that_print_alike_stay_apart():
+    x, y, z = Leaf(), Leaf(), Leaf()
+    for tree in ([x], {0: x}, {"0": x}, (x,)):
+        spec, leaves = _tree.encode(tree)
+        assert [n for n, _ in leaves] == ["0"]
+        assert _same(_tree.decode(spec, dict(leaves)), tree)
+    spec, leaves = _tree.encode({"a/b": x, "a": {"b": y, "b~1": z}})
+    assert [n for n, _ in leaves] == ["a/b", "a/b~1", "a/b~1~1"]
+    assert _tree.decode(spec, dict(leaves)) == {"a/b": x, "a": {"b": y, "b~1": z}}
+
+
+def test_root_leaf_and_empty_containers():
+    x = Leaf()
+    spec, leaves = _tree.encode(x)
+    assert leaves == [(_tree.ROOT_NAME, x)]
+    for empty in ({}, [], (), None, collections.OrderedDict()):
+        spec, leaves = _tree.encode(empty)
+        assert leaves == [] and _same(_tree.decode(spec, {}), empty)
+
+
+def test_namedtuple_of_an_unimported_module_comes_back_alike():
+    spec, leaves = _tree.encode(Point(Leaf(), None))
+    spec["type"] = "no_such_module_here:Pt"
+    back = _tree.decode(spec, dict(leaves))
+    assert type(back).__name__ == "Pt" and back._fields == ("x", "y") and back.y is None
+
+
+@pytest.mark.parametrize("tree, match", [
+    ({(1, 2): Leaf()}, r"key \(1, 2\) is a tuple"),
+    ({1.5: Leaf()}, "key 1.5 is a float"),
+    ({"a": {True: Leaf()}}, "tree at a: key True is a bool"),
+    (collections.defaultdict(list), "defaultdict.*would come back as another type"),
+])
+def test_encode_refuses(tree, match):
+    with pytest.raises(TypeError, match=match):
+        _tree.encode(tree)
+
+
+def test_encode_refuses_too_deep_and_cycles():
+    deep = Leaf()
+    for _ in range(_tree.MAX_TREE_DEPTH + 1):
+        deep = [deep]
+    with pytest.raises(ValueError, match="deeper than"):
+        _tree.encode(deep)
+    cycle = []
+    cycle.append(cycle)
+    with pytest.raises(ValueError, match="or a cycle"):
+        _tree.encode(cycle)
+
+
+def test_deepest_tree_round_trips():
+    x = Leaf()
+    deep = x
+    for _ in range(_tree.MAX_TREE_DEPTH):
+        deep = [deep]
+    spec, leaves = _tree.encode(deep)
+    back = _tree.decode(spec, dict(leaves))
+    for _ in range(_tree.MAX_TREE_DEPTH):
+        back = back[0]
+    assert back is x
+
+
+def test_check_names_file_field_and_path():
+    spec = {"kind": "dict", "keys": ["a"], "children": [{"kind": "list", "children": [{"kind": "set"}]}]}
+    with pytest.raises(FormatError, match=r"m\.tl: field '/metadata/tree/children/0/children/0/kind': "
+                                          r"tree at a/0: unknown node kind 'set'") as e:
+        _tree.check(spec, [], file="m.tl", field="/metadata/tree")
+    assert e.value.file == "m.tl" and e.value.field == "/metadata/tree/children/0/children/0/kind"
+
+
+def test_check_extra_tensor_names_it():
+    with pytest.raises(FormatError, match=r"tensor 1 \('b'\).*tensor 'b' is stored but no leaf") as e:
+        _tree.check({"kind": "leaf", "name": "a"}, ["a", "b"], file="m.tl")
+    assert e.value.tensor_name == "b"
+
+
+def test_check_namedtuple_fields_must_match_the_class():
+    spec, _ = _tree.encode(Point(None, None))
+    spec["fields"] = ["y", "x"]
+    with pytest.raises(FormatError, match=r"namedtuple test_tree:Point has the fields \['x', 'y'\], the file "):
+        _tree.check(spec, [])
+
+
+def test_registered_kind():
+    class Box:
+        def __init__(self, items):
+            self.items = dict(items)
+
+    import sys
+    nt = _tree.NodeType(kind="test.Box", module=__name__, qualname="Box", keyed=True,
+                        flatten=lambda b: (list(b.items), list(b.items.values())),
+                        unflatten=lambda k, c: Box(zip(k, c)))
+    sys.modules[__name__].Box = Box
+    try:
+        _tree.register(nt)
+        x = Leaf()
+        spec, leaves = _tree.encode({"b": Box({"w": x})})
+        assert spec["children"][0]["kind"] == "test.Box"
+        back = _tree.decode(spec, dict(leaves))
+        assert isinstance(back["b"], Box) and back["b"].items == {"w": x}
+        with pytest.raises(ValueError, match="built-in node kind"):
+            _tree.register(_tree.NodeType("dict", "m", "q", True, list, list))
+    finally:
+        _tree.unregister("test.Box")
+        del sys.modules[__name__].Box
+
+
+def test_render_shows_kinds_keys_and_info():
+    spec, _ = _tree.encode({"p": Point(Leaf(), [None]), 3: (Leaf(),)})
+    lines = _tree.render(spec, {"p/x": "float32 (2,)"})
+    assert lines == [
+        "dict",
+        "├── 'p': namedtuple test_tree:Point",
+        "│   ├── x: p/x  float32 (2,)",
+        "│   └── y: list",
+        "│       └── [0]: None",
+        "└── 3: tuple",
+        "    └── [0]: 3/0",
+    ]
+    assert _tree.render({"kind": 7, "children": 1}) == ["? {'kind': 7, 'children': 1}"]
