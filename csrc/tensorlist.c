@@ -152,6 +152,23 @@ int tl_map_readonly(int fd, uint64_t length, void **addr, int *err_no) {
     return TL_OK;
 }
 
+int tl_map_copy(int fd, uint64_t length, void **addr, int *err_no) {
+    if (!addr || !err_no || length == 0 || length > (uint64_t)SIZE_MAX) return TL_ERR_ARG;
+    *err_no = 0;
+    /* Copy-on-write: writable pages that stay private to this process, so the
+     * file never changes (a read-only fd is enough). The kernel reserves the
+     * commit charge for the whole length up front: under strict overcommit a
+     * mapping larger than what may be committed fails here (ENOMEM), not at
+     * the first write. */
+    void *p = mmap(NULL, (size_t)length, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) {
+        *err_no = errno;
+        return TL_ERR_IO;
+    }
+    *addr = p;
+    return TL_OK;
+}
+
 int tl_map_writable(int fd, uint64_t offset, uint64_t length, void **map_addr,
                     uint64_t *map_length, void **data, int *err_no) {
     if (!map_addr || !map_length || !data || !err_no || length == 0) return TL_ERR_ARG;

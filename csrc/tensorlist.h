@@ -80,6 +80,9 @@ int tl_check_layout(uint64_t n, const tl_span *spans, int64_t list_length,
 
 /* Read-only private mapping of the first `length` bytes of fd. */
 int tl_map_readonly(int fd, uint64_t length, void **addr, int *err_no);
+/* Copy-on-write private mapping of the first `length` bytes of fd: readable
+ * and writable, writes stay in this process and never reach the file. */
+int tl_map_copy(int fd, uint64_t length, void **addr, int *err_no);
 /* Shared writable mapping of [offset, offset + length) of fd (file already sized);
  * *data points at offset, the mapping itself starts at the page below. */
 int tl_map_writable(int fd, uint64_t offset, uint64_t length, void **map_addr,

@@ -41,6 +41,7 @@ int tl_constants(int64_t *list_alignment, int64_t *min_tensor_alignment);
 int tl_check_layout(uint64_t n, const tl_span *spans, int64_t list_length,
                     int64_t min_alignment, int64_t *bad, int64_t *other);
 int tl_map_readonly(int fd, uint64_t length, void **addr, int *err_no);
+int tl_map_copy(int fd, uint64_t length, void **addr, int *err_no);
 int tl_map_writable(int fd, uint64_t offset, uint64_t length, void **map_addr,
                     uint64_t *map_length, void **data, int *err_no);
 int tl_unmap(void *addr, uint64_t length);

@@ -23,6 +23,7 @@ from .format import (
     find_tensor_lists,
 )
 from .reader import Reader, load, load_document, open
+from .dlpack import to_dlpack
 from .schema import load_schema, validate
 from .writer import Tensors, Writer, save, save_document, write_data
 from . import _backends
@@ -54,6 +55,7 @@ __all__ = [
     "write_data",
     "save_document",
     "load_document",
+    "to_dlpack",
     "find_tensor_lists",
     "load_schema",
     "ListDescriptor",

@@ -2,8 +2,10 @@
 
 A :class:`DataFile` is one opened data file, checked once (confined to the
 descriptor's directory, a regular file, long enough for every list read from
-it) and then either mapped read-only (zero-copy views) or kept as an fd for
-``pread`` into private memory. Every list of a document that shares a data
+it) and then mapped read-only (zero-copy read-only views), mapped
+copy-on-write (zero-copy writable views whose writes never reach the file) or
+kept as an fd for ``pread`` into private memory: the three :class:`ReadMode`s,
+parsed from every reader's ``mmap=`` argument by :func:`read_mode`. Every list of a document that shares a data
 file shares its one mapping. :func:`open_consistently` pairs descriptors with
 their data while another process may be replacing both, for every reader
 (``Reader``, ``load_document``, ``validate``). :func:`check_crcs` is the one
@@ -15,6 +17,7 @@ Imports ``format``, ``_lowlevel`` and ``errors`` only.
 """
 from __future__ import annotations
 
+import enum
 import errno
 import operator
 import os
@@ -26,11 +29,59 @@ from . import _lowlevel
 from .errors import ChecksumError, FormatError, UnsupportedDTypeError
 from .format import ListDescriptor, TensorInfo, check_data_path, check_data_size, open_regular
 
-__all__ = ["DataFile", "ListData", "open_list", "open_consistently", "check_crcs", "bytes_view", "region_target",
+__all__ = ["ReadMode", "read_mode", "DataFile", "ListData", "open_list", "open_consistently", "check_crcs", "bytes_view", "region_target",
            "first_tensor_in", "writable_bytes", "views", "unsupported_dtype", "too_many_dims", "NUMPY_MAX_DIMS"]
 
 #: How often a reader re-reads a descriptor that a concurrent save keeps replacing.
 MAX_REREADS = 100
+
+
+class ReadMode(enum.Enum):
+    """How a reader gets a data file's bytes: what ``mmap=True``, ``mmap="copy"`` and ``mmap=False`` select."""
+
+    #: ``mmap=True``: read-only views of a read-only mapping; nothing is copied.
+    MAP = "map"
+    #: ``mmap="copy"``: writable views of a copy-on-write mapping; a page is copied on its first write,
+    #: and no write reaches the file.
+    COPY = "copy"
+    #: ``mmap=False``: ``pread`` into private, writable memory.
+    READ = "read"
+
+    @property
+    def mapped(self) -> bool:
+        """The arrays are views of a mapping of the file."""
+        return self is not ReadMode.READ
+
+    @property
+    def writable(self) -> bool:
+        """The arrays may be written (never changing the file)."""
+        return self is not ReadMode.MAP
+
+
+def read_mode(mmap) -> ReadMode:
+    """The one parser of the ``mmap=`` argument of every reader (local, remote, DCP, torch adapters).
+
+    Args:
+        mmap: True (a read-only mapping), ``"copy"`` (a copy-on-write
+            mapping) or False (pread); a ReadMode is returned as it is.
+
+    Returns:
+        The ReadMode.
+
+    Raises:
+        ValueError: anything else, named with ``{!r}``.
+
+    Example:
+        >>> read_mode(True), read_mode("copy"), read_mode(False)
+        (<ReadMode.MAP: 'map'>, <ReadMode.COPY: 'copy'>, <ReadMode.READ: 'read'>)
+    """
+    if isinstance(mmap, ReadMode):
+        return mmap
+    if mmap is True or mmap is False:  # not 1/0, not "yes": a typo must not pick a mode
+        return ReadMode.MAP if mmap else ReadMode.READ
+    if isinstance(mmap, str) and mmap == ReadMode.COPY.value:
+        return ReadMode.COPY
+    raise ValueError(f"mmap must be True, False or 'copy', not {mmap!r}")
 
 
 def _location_field(desc: ListDescriptor) -> str:
@@ -38,15 +89,16 @@ def _location_field(desc: ListDescriptor) -> str:
 
 
 class DataFile:
-    """One opened data file: a read-only mapping, or an fd for ``pread``.
+    """One opened data file: a read-only or copy-on-write mapping, or an fd for ``pread``.
 
     Safety: arrays handed out keep the mapping alive on their own (numpy holds
     the memoryview), so closing a DataFile never invalidates them.
     """
 
-    def __init__(self, desc: ListDescriptor, use_mmap: bool, allow_outside: bool = False):
+    def __init__(self, desc: ListDescriptor, mode, allow_outside: bool = False):
         self.path = desc.data_path
-        self.use_mmap = use_mmap
+        self.mode = mode = read_mode(mode)
+        self.use_mmap = use_mmap = mode.mapped
         self.view: Optional[memoryview] = None
         self.base: Optional[np.ndarray] = None  # uint8 array over the whole mapping
         self.fd: Optional[int] = None
@@ -63,7 +115,8 @@ class DataFile:
         try:
             self.size = os.fstat(fd).st_size
             if use_mmap:
-                self.view = _lowlevel.map_readonly(fd, self.size, self.path) if self.size else None
+                mapper = _lowlevel.map_copy if mode is ReadMode.COPY else _lowlevel.map_readonly
+                self.view = mapper(fd, self.size, self.path) if self.size else None
             else:
                 self.fd, fd = fd, None
         finally:
@@ -136,10 +189,11 @@ class DataFile:
 class ListData:
     """The tensors of one list over its (possibly shared) :class:`DataFile`."""
 
-    def __init__(self, desc: ListDescriptor, file: Optional[DataFile], use_mmap: bool, owns_file: bool = True):
+    def __init__(self, desc: ListDescriptor, file: Optional[DataFile], mode, owns_file: bool = True):
         self.desc = desc
         self.file = file
-        self.use_mmap = use_mmap
+        self.mode = read_mode(mode)
+        self.use_mmap = self.mode.mapped
         self.owns_file = owns_file
         self.closed = False
 
@@ -151,7 +205,7 @@ class ListData:
         return self.array_at(info.index)
 
     def array_at(self, i: int) -> np.ndarray:
-        """Tensor ``i``: a view of the mapping, or (mmap=False) a fresh read."""
+        """Tensor ``i``: a view of the mapping (writable with mmap="copy"), or (mmap=False) a fresh read."""
         if self.closed:
             raise ValueError("I/O operation on a closed Reader")
         table = self.desc.tensors
@@ -163,7 +217,7 @@ class ListData:
         try:
             if length == 0:
                 a = np.empty(shape, dtype=dt)
-                a.flags.writeable = not self.use_mmap
+                a.flags.writeable = self.mode.writable
                 return a
             start = self.desc.byte_offset + table.offsets[i]
             if self.use_mmap:
@@ -178,9 +232,9 @@ class ListData:
             raise ValueError("I/O operation on a closed Reader")
         desc = self.desc
         if self.file is None:  # an empty region: no file was opened
-            return views(np.empty(0, np.uint8), 0, desc, readonly=self.use_mmap)
+            return views(np.empty(0, np.uint8), 0, desc, readonly=not self.mode.writable)
         if self.use_mmap:
-            return views(self.file.mapped(), desc.byte_offset, desc, readonly=True)
+            return views(self.file.mapped(), desc.byte_offset, desc, readonly=not self.mode.writable)
         table = desc.tensors
         if sum(table.lengths) < desc.byte_length // 2:
             # mostly gaps (a hand-made layout): read the tensors, not the region
@@ -213,7 +267,7 @@ class ListData:
         self.closed = True
 
 
-def open_list(desc: ListDescriptor, use_mmap: bool, allow_outside: bool = False,
+def open_list(desc: ListDescriptor, mode, allow_outside: bool = False,
               shared: Optional[Dict[str, DataFile]] = None) -> ListData:
     """Opens the data of one list; with ``shared``, one DataFile per data path serves every list.
 
@@ -223,25 +277,25 @@ def open_list(desc: ListDescriptor, use_mmap: bool, allow_outside: bool = False,
         FormatError: the data file is refused (confinement, type, size).
     """
     if desc.byte_length == 0:
-        return ListData(desc, None, use_mmap)  # nothing to read: lamp does not touch the file either
+        return ListData(desc, None, mode)  # nothing to read: lamp does not touch the file either
     if shared is None:
-        f = DataFile(desc, use_mmap, allow_outside)
+        f = DataFile(desc, mode, allow_outside)
         try:
             f.check(desc)
         except BaseException:
             f.close()
             raise
-        return ListData(desc, f, use_mmap)
+        return ListData(desc, f, mode)
     f = shared.get(desc.data_path)
     if f is None:
-        f = shared[desc.data_path] = DataFile(desc, use_mmap, allow_outside)
+        f = shared[desc.data_path] = DataFile(desc, mode, allow_outside)
     elif not allow_outside:
         check_data_path(desc, allow_outside)  # the same path may be confined for one file and not another
     f.check(desc)
-    return ListData(desc, f, use_mmap, owns_file=False)
+    return ListData(desc, f, mode, owns_file=False)
 
 
-def open_consistently(read: Callable[[], List[ListDescriptor]], use_mmap: bool, allow_outside: bool = False,
+def open_consistently(read: Callable[[], List[ListDescriptor]], mode, allow_outside: bool = False,
                       *, file: Optional[str] = None,
                       share: bool = True) -> Tuple[List[ListDescriptor], List[ListData], Dict[str, DataFile]]:
     """Reads descriptors with ``read()`` and opens their data, re-reading while a save replaces them.
@@ -255,9 +309,13 @@ def open_consistently(read: Callable[[], List[ListDescriptor]], use_mmap: bool, 
     which the caller closes (the third value); without it each ListData owns
     (and closes) its own.
 
+    ``mode`` is a reader's ``mmap=`` argument (see :func:`read_mode`), parsed
+    before anything is read.
+
     Returns:
         (descriptors, their ListData, the shared DataFiles to close).
     """
+    mode = read_mode(mode)
     missing: Optional[str] = None
     for _ in range(MAX_REREADS):
         descs = read()
@@ -265,7 +323,7 @@ def open_consistently(read: Callable[[], List[ListDescriptor]], use_mmap: bool, 
         opened: List[ListData] = []
         try:
             for d in descs:
-                opened.append(open_list(d, use_mmap, allow_outside, shared if share else None))
+                opened.append(open_list(d, mode, allow_outside, shared if share else None))
             return descs, opened, shared
         except FileNotFoundError as e:
             _close(opened, shared)

@@ -7,7 +7,7 @@ the whole call. cffi releases the GIL around each call.
 from __future__ import annotations
 
 import os
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -19,6 +19,8 @@ __all__ = [
     "STATUS_NAMES",
     "check_layout",
     "map_readonly",
+    "map_copy",
+    "owned",
     "map_writable",
     "preallocate",
     "fsync",
@@ -96,6 +98,24 @@ def check_layout(spans: np.ndarray, list_length: int, min_alignment: int) -> Tup
     return int(status), int(bad[0]), int(other[0])
 
 
+def owned(addr, length: int, release: Callable[[Any, int], int]):
+    """A ``char *`` over ``[addr, addr + length)`` that calls ``release(addr, length)`` when collected.
+
+    Every C-owned region of the package (mappings, tl_alloc memory) is handed
+    out through here. ``release`` is a C function (``lib.tl_unmap``,
+    ``lib.tl_free``) bound now, at creation: the callback may run while the
+    interpreter tears down, when this module's globals (``lib`` included) are
+    already None, and it must not look anything up then. It looks up no name
+    and raises nothing: a release that fails at exit has no one to tell.
+
+    Safety: ``release`` must accept exactly this address and length once.
+    """
+    def _release(p, _release=release, _length=length):
+        _release(p, _length)
+
+    return ffi.gc(ffi.cast("char *", addr), _release, size=length)
+
+
 def map_readonly(fd: int, length: int, path: Optional[str] = None) -> memoryview:
     """Maps the first ``length`` bytes of ``fd`` read-only (MAP_PRIVATE).
 
@@ -107,10 +127,29 @@ def map_readonly(fd: int, length: int, path: Optional[str] = None) -> memoryview
     status = lib.tl_map_readonly(fd, length, addr, err)
     if status:
         _raise(status, err[0], "mmap", path)
-    owner = ffi.gc(ffi.cast("char *", addr[0]), lambda p, n=length: lib.tl_unmap(p, n), size=length)
+    owner = owned(addr[0], length, lib.tl_unmap)
     # ffi.buffer keeps `owner` alive; toreadonly() stops numpy from ever writing
     # into the PROT_READ pages (which would kill the process).
     return memoryview(ffi.buffer(owner, length)).toreadonly()
+
+
+def map_copy(fd: int, length: int, path: Optional[str] = None) -> memoryview:
+    """Maps the first ``length`` bytes of ``fd`` copy-on-write (MAP_PRIVATE, readable and writable).
+
+    Returns a writable memoryview: writes go to pages private to this process
+    and never reach the file (``fd`` may be read-only). The mapping is released
+    when the last view of it is garbage-collected, as for :func:`map_readonly`.
+
+    Raises:
+        OSError: the system refused the mapping (under strict overcommit, one
+            larger than the memory that may still be committed: ENOMEM).
+    """
+    addr = ffi.new("void **")
+    err = ffi.new("int *")
+    status = lib.tl_map_copy(fd, length, addr, err)
+    if status:
+        _raise(status, err[0], "mmap", path)
+    return memoryview(ffi.buffer(owned(addr[0], length, lib.tl_unmap), length))
 
 
 def map_writable(fd: int, offset: int, length: int, path: Optional[str] = None):
@@ -127,7 +166,7 @@ def map_writable(fd: int, offset: int, length: int, path: Optional[str] = None):
     if status:
         _raise(status, err[0], "mmap", path)
     span = int(map_len[0])
-    owner = ffi.gc(ffi.cast("char *", map_addr[0]), lambda p, n=span: lib.tl_unmap(p, n), size=span)
+    owner = owned(map_addr[0], span, lib.tl_unmap)
     delta = int(ffi.cast("uintptr_t", data[0])) - int(ffi.cast("uintptr_t", map_addr[0]))
     whole = ffi.buffer(owner, span)
 
@@ -247,22 +286,30 @@ def pread_into(fd: int, dst, offset: int, threads: Optional[int] = None, path: O
         _raise(status, err[0], "read", path)
 
 
-def alloc(length: int) -> np.ndarray:
-    """A writable uint8 array of ``length`` bytes in fresh page-aligned memory.
+#: Where alloc() starts a small buffer: XLA aliases a host buffer (``jax.device_put`` on the CPU)
+#: only at a 64-byte aligned address, and malloc promises 16.
+ALLOC_ALIGNMENT = 64
 
+
+def alloc(length: int) -> np.ndarray:
+    """A writable uint8 array of ``length`` bytes in fresh memory, at least 64-byte aligned.
+
+    Small requests are a slice of a numpy buffer, ``ALLOC_ALIGNMENT`` aligned.
     Large requests use their own anonymous mapping (returned to the system
     when the last view goes) with ordinary pages: numpy's allocator advises
     huge pages for large arrays, and faulting those in from fresh memory was
     about 1.7x slower on the VMs we measure on (see csrc/tensorlist.c, tl_alloc).
     """
     if length < (2 << 20):
-        return np.empty(length, dtype=np.uint8)
+        raw = np.empty(length + ALLOC_ALIGNMENT - 1, dtype=np.uint8)
+        skip = -raw.ctypes.data % ALLOC_ALIGNMENT
+        return raw[skip:skip + length]
     out = ffi.new("void **")
     err = ffi.new("int *")
     status = lib.tl_alloc(length, out, err)
     if status:
         _raise(status, err[0], "alloc")
-    owner = ffi.gc(ffi.cast("char *", out[0]), lambda p, n=length: lib.tl_free(p, n), size=length)
+    owner = owned(out[0], length, lib.tl_free)
     return np.frombuffer(ffi.buffer(owner, length), dtype=np.uint8)
 
 

@@ -1,4 +1,4 @@
-"""The only MLX <-> numpy conversion of the package (a leaf: imports mlx, numpy, ``_dtypes``, ``errors``).
+"""The only MLX <-> numpy conversion of the package (a leaf: imports mlx, numpy and ``_dtypes``).
 
 What MLX 0.32 does with numpy arrays, measured, and what follows here:
 

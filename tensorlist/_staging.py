@@ -222,15 +222,18 @@ def _copy_chunks(r, chunks: List[Chunk], flat: Dict[int, torch.Tensor], crcs: Di
             stream.synchronize()
 
 
-def load(path, device, *, pointer: Optional[str] = None, mmap: bool = True, verify: bool = False,
+def load(path, device, *, pointer: Optional[str] = None, mmap=True, verify: bool = False,
          chunk_bytes: int = CHUNK_BYTES, buffers: int = BUFFERS, **reader_options) -> Dict[str, torch.Tensor]:
     """Every tensor of a TensorList as torch tensors on ``device`` (``tensorlist.load(path, device=...)``).
 
     On the CPU the tensors share the file's memory mapping (zero-copy,
     read-only by contract) as ``tensorlist.torch.load_state`` returns them,
-    or with ``mmap=False`` live in one private, writable read. On any other
-    device the list goes through the staging ring of :func:`load_into_device`.
+    or, with ``mmap="copy"``, share a copy-on-write mapping (writable; the
+    file never changes), or with ``mmap=False`` live in one private, writable
+    read. On any other device the list goes through the staging ring of
+    :func:`load_into_device` (any ``mmap`` reads the same way there).
     """
+    mmap = reader.read_mode(mmap)
     device = _usable(device, path)
     if device.type == "cpu":
         arrays = reader.load(path, pointer=pointer, mmap=mmap, verify=verify, **reader_options)

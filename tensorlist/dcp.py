@@ -67,7 +67,8 @@ from ._jsonio import dumps, from_tagged, to_tagged
 from ._torch_bridge import from_numpy, to_numpy, torch_dtype
 from .dcp_read import (DCP_VERSION, METADATA_NAME, Checkpoint, Shards, StorageEntry, TensorMeta, bytes_key,
                        commit_metadata, encode_value, holds, is_save_file, join, listing, metadata_document,
-                       parse_metadata, read_full, read_metadata, shard_name, tensor_key, validate_checkpoint)
+                       parse_metadata, read_full, read_metadata, read_mode, shard_name, tensor_key,
+                       validate_checkpoint)
 from .errors import FormatError
 from .format import Limits
 from .writer import save
@@ -432,8 +433,9 @@ class TensorListReader(_CheckpointPath, StorageReader):
         allow_pickle: load bytes entries stored with ``torch.save`` (they run
             pickle; only for checkpoints you trust). Refused by default with a
             FormatError naming the key.
-        mmap: map the shards (default) or read them with pread (safer where
-            files may be truncated while the checkpoint is read).
+        mmap: map the shards (default; ``"copy"`` is accepted, DCP copying
+            every chunk into its own tensors anyway) or read them with pread
+            (safer where files may be truncated while the checkpoint is read).
         verify: check the CRC32C of every chunk read.
         limits: policy limits for the metadata and shard descriptors.
 
@@ -442,12 +444,12 @@ class TensorListReader(_CheckpointPath, StorageReader):
             file and the fqn): see :mod:`tensorlist.dcp_read`.
     """
 
-    def __init__(self, path, *, allow_pickle: bool = False, mmap: bool = True, verify: bool = False,
+    def __init__(self, path, *, allow_pickle: bool = False, mmap=True, verify: bool = False,
                  limits: Limits = Limits()):
         super().__init__()
         self.path = os.fspath(path)
         self.allow_pickle = allow_pickle
-        self.mmap = mmap
+        self.mmap = read_mode(mmap)
         self.verify = verify
         self.limits = limits
         self.load_id = secrets.token_hex(8)

@@ -51,7 +51,7 @@ from ._commit import atomic_file
 from ._jsonio import dumps, from_tagged, loads_strict, to_tagged
 from .errors import FormatError
 from .format import Limits, read_json_bytes, read_json_file, short_repr
-from .reader import Reader
+from .reader import Reader, read_mode
 from .schema import schema_validator
 
 __all__ = ["METADATA_NAME", "FORMAT_NAME", "DCP_FORMAT_VERSION", "SCHEMA", "TensorMeta", "StorageEntry",
@@ -620,8 +620,10 @@ class Shards:
 
     Args:
         path: the checkpoint directory (a local path or a URL).
-        mmap: map the data files (zero-copy); False reads with pread (safer
-            where files may be truncated under the reader).
+        mmap: map the data files (zero-copy, read-only views); ``"copy"``
+            maps them copy-on-write (writable views, the files never change);
+            False reads with pread (safer where files may be truncated under
+            the reader). Anything else is a ValueError.
         verify: check each tensor's CRC32C when it is first read.
         limits: policy limits for the shard descriptors.
 
@@ -631,9 +633,9 @@ class Shards:
         ...     arrays = [shards.array(e) for e in ckpt.storage.values() if e.offset is not None]
     """
 
-    def __init__(self, path, *, mmap: bool = True, verify: bool = False, limits: Limits = Limits()):
+    def __init__(self, path, *, mmap=True, verify: bool = False, limits: Limits = Limits()):
         self.path = os.fspath(path)
-        self.mmap = mmap
+        self.mmap = read_mode(mmap)
         self.verify = verify
         self.limits = limits
         self._readers: Dict[str, Any] = {}
@@ -724,13 +726,14 @@ def validate_checkpoint(path, *, verify: bool = False, schema: bool = True, limi
     return ckpt
 
 
-def read_full(path, *, verify: bool = False, mmap: bool = True, limits: Limits = Limits()) -> Dict[str, Any]:
+def read_full(path, *, verify: bool = False, mmap=True, limits: Limits = Limits()) -> Dict[str, Any]:
     """Every tensor of a checkpoint assembled whole from its chunks, with numpy alone.
 
     Args:
         path: the checkpoint directory (a local path or a URL).
         verify: check the CRC32C of every chunk read.
-        mmap: read the shards through memory maps (the default) or with pread.
+        mmap: read the shards through memory maps (the default; ``"copy"`` is
+            accepted, the result being new arrays anyway) or with pread.
         limits: policy limits for the metadata and the shard descriptors.
 
     Returns:
@@ -748,6 +751,7 @@ def read_full(path, *, verify: bool = False, mmap: bool = True, limits: Limits =
         >>> read_full(ckpt_dir)["model.weight"].shape  # doctest: +SKIP
         (1024, 512)
     """
+    mmap = read_mode(mmap)
     ckpt = read_metadata(path, limits=limits)
     out: Dict[str, Any] = {}
     with Shards(ckpt.path, mmap=mmap, verify=verify, limits=limits) as shards:

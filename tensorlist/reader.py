@@ -1,7 +1,8 @@
 """Reading: the lazy :class:`Reader`, ``load`` and ``load_document``.
 
 A Reader parses and validates the descriptor, opens the data file and checks
-its size, and maps it read-only; no page of tensor data is touched until a
+its size, and maps it read-only (or, with ``mmap="copy"``, copy-on-write:
+writable views whose writes never reach the file); no page of tensor data is touched until a
 tensor is used. The open file (or mapping) pins the data the descriptor
 described, so a concurrent ``save`` that replaces the file does not change
 what an open Reader returns.
@@ -15,7 +16,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Union
 import numpy as np
 
 from . import _backends
-from ._datafile import ListData, open_consistently
+from ._datafile import ListData, ReadMode, open_consistently, read_mode
 from ._jsonio import resolve_pointer, set_at_pointer
 from .format import Limits, ListDescriptor, TensorInfo, find_tensor_lists, parse_list, read_json_file, select_list
 
@@ -93,7 +94,7 @@ class TensorMapping:
 
 
 class Reader(TensorMapping):
-    """A lazy, read-only view of one TensorList; also a context manager.
+    """A lazy view of one TensorList; also a context manager.
 
     Only the descriptor is parsed when it is made; tensors are mapped (or, with
     ``mmap=False``, read) when asked for. Tensors are keyed by name, or by
@@ -103,10 +104,15 @@ class Reader(TensorMapping):
     Args:
         path: the JSON document holding the descriptor.
         pointer: RFC 6901 pointer to a TensorList embedded in a bigger document.
-        mmap: map the data file (zero-copy, the default), or read with pread
-            into private memory (for network filesystems, or where another
-            process may truncate the file: a truncated mapping kills the
-            process with SIGBUS on access, pread raises FormatError instead).
+        mmap: True (the default): map the data file read-only, zero-copy
+            read-only views. ``"copy"``: map it copy-on-write, zero-copy
+            writable views (fine-tune in place: a page is copied on its first
+            write, and no write ever reaches the file; the mapping outlives
+            the Reader). False: read with pread into private, writable memory
+            (for network filesystems, or where another process may truncate
+            the file: a truncated mapping kills the process with SIGBUS on
+            access, pread raises FormatError instead). Anything else is a
+            ValueError.
         allow_outside: trust a ``location`` that is absolute or leaves the
             document's directory.
         max_descriptor_bytes, max_tensors, max_total_bytes: policy limits
@@ -139,7 +145,7 @@ class Reader(TensorMapping):
     ):
         self.path = _backends.localize(os.fspath(path))
         self._limits = Limits.of(max_descriptor_bytes, max_tensors, max_total_bytes)
-        self._mmap = mmap
+        self._mmap = mmap = read_mode(mmap)
         self._index: Optional[Dict[str, int]] = None
         (desc,), (self._data,), _ = open_consistently(lambda: [self._read_descriptor(pointer, allow_outside)],
                                                       mmap, allow_outside, file=self.path, share=False)
@@ -218,7 +224,7 @@ def open(path, **kwargs) -> Reader:  # noqa: A001 - mirrors builtins.open on pur
     return Reader(path, **kwargs)
 
 
-def load(path, *, pointer: Optional[str] = None, mmap: bool = True, verify: bool = False, device=None,
+def load(path, *, pointer: Optional[str] = None, mmap: Union[bool, str] = True, verify: bool = False, device=None,
          **kwargs) -> Dict[str, np.ndarray]:
     """Loads every tensor of a TensorList as numpy arrays (or, given ``device``, torch tensors there).
 
@@ -226,8 +232,10 @@ def load(path, *, pointer: Optional[str] = None, mmap: bool = True, verify: bool
         path: the JSON document holding the descriptor.
         pointer: RFC 6901 pointer to a TensorList embedded in a bigger document.
         mmap: True (default): read-only zero-copy views of the mapped file,
-            no byte read until used. False: one parallel read into private,
-            writable memory.
+            no byte read until used. ``"copy"``: writable zero-copy views of a
+            copy-on-write mapping (a page is copied on its first write; the
+            file never changes). False: one parallel read into private,
+            writable memory. Anything else is a ValueError.
         verify: check the stored CRC32Cs first (ChecksumError on mismatch).
         device: None (numpy arrays), or a torch device (``"cuda"``,
             ``"cuda:1"``, ``torch.device(...)``, ``"cpu"``): torch tensors on
@@ -247,6 +255,7 @@ def load(path, *, pointer: Optional[str] = None, mmap: bool = True, verify: bool
         FormatError: the descriptor or data file breaks the format.
         OSError: the descriptor cannot be read.
     """
+    mmap = read_mode(mmap)
     if device is not None:  # served by the registered device backend (tensorlist._staging): torch
         return _backends.dispatch("device", path)(path, device, pointer=pointer, mmap=mmap, verify=verify,
                                                   **kwargs)
@@ -257,18 +266,21 @@ def load(path, *, pointer: Optional[str] = None, mmap: bool = True, verify: bool
         return r.to_dict()
 
 
-def load_document(path, *, mmap: bool = True, allow_outside: bool = False,
+def load_document(path, *, mmap: Union[bool, str] = True, allow_outside: bool = False,
                   max_descriptor_bytes: Optional[int] = None, max_tensors: Optional[int] = None,
                   max_total_bytes: Optional[int] = None):
     """Loads a JSON document, replacing every embedded TensorList by its tensors.
 
     Lists that share a data file share one mapping (or, with ``mmap=False``,
-    one private copy of the bytes they cover).
+    one private copy of the bytes they cover). ``mmap`` is as for :func:`load`;
+    with ``"copy"`` lists over the same bytes share those bytes, so a write
+    through one list's array shows in the other's.
 
     Returns:
         The document in which each TensorList object became a dict name ->
         array (as ``load`` returns it); the parsed document is not kept.
     """
+    mmap = read_mode(mmap)
     path = _backends.localize(os.fspath(path))
     if _backends.is_remote(path):
         return _backends.dispatch("load_document", path)(
@@ -286,7 +298,7 @@ def load_document(path, *, mmap: bool = True, allow_outside: bool = False,
     descs, datas, shared = open_consistently(read, mmap, allow_outside, file=path)
     doc = state["doc"]
     try:
-        if not mmap:
+        if mmap is ReadMode.READ:
             _read_spans(descs, shared)
         for desc, data in zip(descs, datas):
             tensors = data.read_all()

@@ -44,7 +44,7 @@ import numpy as np
 from . import _backends, _lowlevel, reader, schema, writer
 from ._backends import is_url
 from ._commit import new_token, own_locations
-from ._datafile import check_crcs, first_tensor_in, region_target, too_many_dims, unsupported_dtype
+from ._datafile import ReadMode, check_crcs, first_tensor_in, read_mode, region_target, too_many_dims, unsupported_dtype
 from ._items import (Item, WriterBase, align, check_alignment, check_metadata, descriptor, descriptor_text,
                      fast_descriptor_text, layout, prepare, tensor_entries)
 from ._jsonio import dumps, set_at_pointer
@@ -132,13 +132,18 @@ class RemoteReader(TensorMapping):
         url: the descriptor's URL.
         pointer, allow_outside, max_descriptor_bytes, max_tensors, max_total_bytes: as for Reader.
         storage_options: passed to fsspec (credentials, endpoint...).
-        mmap: accepted for compatibility; remote data is always read.
+        mmap: True or False (the default True is accepted for compatibility:
+            remote data is always read): read-only arrays. ``"copy"``:
+            writable private copies (each fetched range copied once more, into
+            64-byte aligned memory); writes never reach the store. Anything
+            else is a ValueError.
     """
 
-    def __init__(self, url: str, *, pointer: Optional[str] = None, mmap: bool = True, allow_outside: bool = False,
+    def __init__(self, url: str, *, pointer: Optional[str] = None, mmap=True, allow_outside: bool = False,
                  max_descriptor_bytes: Optional[int] = None, max_tensors: Optional[int] = None,
                  max_total_bytes: Optional[int] = None, storage_options: Optional[dict] = None, _document=None):
         self.path = url
+        self._mode = read_mode(mmap)
         self._document = _document  # load_document: the document already read, lists chosen by pointer
         self._limits = Limits.of(max_descriptor_bytes, max_tensors, max_total_bytes)
         self.fs, self._fspath = _filesystem(url, storage_options)
@@ -193,6 +198,9 @@ class RemoteReader(TensorMapping):
         blobs = self._read_ranges(starts, ends, lambda k: groups[k][0])
         got: Dict[int, memoryview] = {}
         for g, s, b in zip(groups, starts, blobs):
+            if self._mode is ReadMode.COPY:
+                b, src = _lowlevel.alloc(len(b)), b
+                b[:] = np.frombuffer(src, np.uint8)
             view = memoryview(b)
             for i in g:
                 o = base + table.offsets[i] - s
@@ -209,7 +217,7 @@ class RemoteReader(TensorMapping):
                     out.append(np.frombuffer(got[i], dtype=dt).reshape(shape))
                 else:
                     a = np.empty(shape, dtype=dt)
-                    a.flags.writeable = False
+                    a.flags.writeable = self._mode is ReadMode.COPY
                     out.append(a)
             except ValueError as e:
                 raise too_many_dims(self.descriptor, i, e) from None
@@ -618,10 +626,11 @@ def save_document(url: str, document: Any, *, alignment: int = DEFAULT_ALIGNMENT
     return written
 
 
-def load_document(url: str, *, mmap: bool = True, allow_outside: bool = False,
+def load_document(url: str, *, mmap=True, allow_outside: bool = False,
                   max_descriptor_bytes: Optional[int] = None, max_tensors: Optional[int] = None,
                   max_total_bytes: Optional[int] = None, storage_options: Optional[dict] = None):
     """``tensorlist.load_document`` from a URL: the document once, then each list's tensors in ranged reads."""
+    mmap = read_mode(mmap)
     local = _backends.local_path(url)
     if local is not None:
         return reader.load_document(local, mmap=mmap, allow_outside=allow_outside,
@@ -631,7 +640,7 @@ def load_document(url: str, *, mmap: bool = True, allow_outside: bool = False,
     fs, path = _filesystem(url, storage_options)
     doc = _read_document(fs, path, url, limits)
     for ptr in find_tensor_lists(doc):
-        with RemoteReader(url, pointer=ptr, allow_outside=allow_outside, max_descriptor_bytes=max_descriptor_bytes,
+        with RemoteReader(url, pointer=ptr, mmap=mmap, allow_outside=allow_outside, max_descriptor_bytes=max_descriptor_bytes,
                           max_tensors=max_tensors, max_total_bytes=max_total_bytes,
                           storage_options=storage_options, _document=doc) as r:
             tensors = r.to_dict()

@@ -118,13 +118,15 @@ def save_module_state(path, module, *, training: Optional[Mapping] = None,
     writer.save(path, arrays, metadata=dict(metadata) if metadata else None, **save_options)
 
 
-def load_state(path, *, device=None, pointer: Optional[str] = None, mmap: bool = True,
+def load_state(path, *, device=None, pointer: Optional[str] = None, mmap=True,
                verify: bool = False) -> Dict[str, torch.Tensor]:
     """A TensorList as a dict of torch tensors.
 
     On CPU (``device`` None or ``"cpu"``) the tensors share the file's memory
     mapping: zero-copy, and read-only by contract (copy before writing in
-    place); with ``mmap=False`` they live in one private, writable read. On
+    place); with ``mmap="copy"`` they share a copy-on-write mapping, writable
+    in place without changing the file (a page is copied on its first write);
+    with ``mmap=False`` they live in one private, writable read. On
     an accelerator (``"cuda"``...) the file is read once, in chunks, into
     pinned staging buffers and copied to the device on a side stream while
     the next chunk is read (see ``tensorlist._staging``); ``verify`` then

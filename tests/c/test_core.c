@@ -194,10 +194,34 @@ static void test_map_and_sync(void) {
         CHECK(ok);
         CHECK(tl_unmap(ro, 20000) == TL_OK);
     }
+    void *cow = NULL;
+    CHECK(tl_map_copy(fd, 20000, &cow, &err) == TL_OK);  /* copy-on-write: writes never reach the file */
+    if (cow) {
+        unsigned char *c = cow;
+        int ok = 1;
+        for (int i = 0; i < 100; i++) ok &= c[12345 + i] == (unsigned char)(i + 1);
+        CHECK(ok);
+        for (int i = 0; i < 100; i++) c[12345 + i] = 0xEE;
+        CHECK(c[12345] == 0xEE && c[12444] == 0xEE);
+        unsigned char back[100];
+        CHECK(pread(fd, back, sizeof back, 12345) == (ssize_t)sizeof back);
+        ok = 1;
+        for (int i = 0; i < 100; i++) ok &= back[i] == (unsigned char)(i + 1);
+        CHECK(ok);  /* the file still holds what was written before */
+        void *again = NULL;  /* and a fresh mapping sees the file, not this process's private pages */
+        CHECK(tl_map_copy(fd, 20000, &again, &err) == TL_OK);
+        if (again) {
+            CHECK(((unsigned char *)again)[12345] == 1);
+            CHECK(tl_unmap(again, 20000) == TL_OK);
+        }
+        CHECK(tl_unmap(cow, 20000) == TL_OK);
+    }
+    CHECK(tl_map_copy(fd, 0, &cow, &err) == TL_ERR_ARG);
     CHECK(tl_preallocate(fd, 5000, &err) == TL_OK && lseek(fd, 0, SEEK_END) == 5000);  /* exactly that long */
     close(fd);
     CHECK(tl_fsync(fd, &err) == TL_ERR_IO && err == EBADF);  /* a closed descriptor: errno reported */
     CHECK(tl_map_readonly(fd, 10, &ro, &err) == TL_ERR_IO && err == EBADF);
+    CHECK(tl_map_copy(fd, 10, &ro, &err) == TL_ERR_IO && err == EBADF);
 }
 
 /* ------------------------------------------------------------------ layout */
