@@ -258,6 +258,9 @@ def jax_cases(params, root: str, log) -> List[Case]:
         save_case("tl_durable", "tensorlist.jax.save(durable=True)",
                   lambda: tl_jax.save(os.path.join(out, "m.tl"), tree, durable=True), tl_jax_err,
                   note="fsyncs data, descriptor, directory: not in the ratios", ref="tl_durable"),
+        save_case("tl_nocrc", "tensorlist.jax.save(durable=False, checksum=False)",
+                  lambda: tl_jax.save(os.path.join(out, "m.tl"), tree, durable=False, checksum=False), tl_jax_err,
+                  note="no CRC32C stored, as safetensors stores none"),
         save_case("st", "safetensors.flax.save_file", lambda: st_flax.save_file(flat, os.path.join(out, "m.st")),
                   st_err),
         save_case("msgpack", "flax msgpack_serialize + write",
@@ -382,6 +385,7 @@ TARGETS = [
     ("JAX load >= 5x safetensors.flax.load_file", "JAX load", "tl", "st", 5.0),
     ("(info) JAX load without the touch vs safetensors.flax", UNTOUCHED, "tl", "st", None),
     ("JAX save >= 1x safetensors.flax.save_file", "JAX save", "tl", "st", 1.0),
+    ("(info) JAX save, checksum=False, vs safetensors.flax", "JAX save", "tl_nocrc", "st", None),
     ("JAX save >= 1x flax msgpack", "JAX save", "tl", "msgpack", 1.0),
     ("JAX save >= 1x Orbax StandardCheckpointer", "JAX save", "tl", "orbax", 1.0),
 ]
