@@ -110,7 +110,7 @@ def test_bench_frameworks_quick_runs_every_row_and_prints_ratios(tmp_path):
                 "safetensors.tensorflow.load_file", "=== targets",
                 "JAX load >= 5x safetensors.flax.load_file", "JAX save >= 1x safetensors.flax.save_file"):
         assert row in out, out
-    assert re.search(r"JAX load >= 5x safetensors\.flax\.load_file +\d+\.\d\d +5\.0 +(yes|NO) +tensorlist is", out), out
+    assert re.search(r"JAX load >= 5x safetensors\.flax\.load_file +\d+\.\d\d +\d+\.\d\d +5\.0 +(yes|NO) +tensorlist is", out), out
     summary = json.loads(out_json.read_text())
     assert {"JAX load", "JAX save"} <= set(summary["groups"])
     jax_load = {r["key"]: r for r in summary["groups"]["JAX load"]}
