@@ -104,7 +104,7 @@ def _abstract(directory) -> Optional[Any]:
             if header is None:
                 return None
             shapes = {n: jax.ShapeDtypeStruct(tuple(r.info(n).shape), r.info(n).dtype.numpy) for n in r.keys()}
-            return _tree.decode(header["tree"], shapes, file=r.path, field="/metadata/tree")
+            return _tree.decode(header["tree"], shapes, file=r.path, field=tl_jax.TREE_FIELD)
     # a sharded item (tree/): its abstract tree is the shards reader's (_jax_shards.open_dir(...).header,
     # .names(), .shape(), .dtype()); left to tensorlist.jax, which owns that reader: None here
     return None
