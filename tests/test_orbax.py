@@ -4,6 +4,7 @@ Orbax's ``Checkpointer`` and ``CheckpointManager`` (steps, ``latest_step``, rest
 composite items), bfloat16 leaves bit for bit, a restore onto a target sharding, the v1 API's handler
 registry, and the handler's refusals.
 """
+import collections
 import os
 
 import numpy as np
@@ -26,6 +27,9 @@ from tensorlist.orbax import (  # noqa: E402
     TensorListRestore,
     TensorListSave,
 )
+
+
+Pair = collections.namedtuple("Pair", ["mu", "nu"])  # at module level: a restore finds the class again
 
 
 def params(seed: int = 0):
@@ -237,3 +241,24 @@ def test_async_save_copies_the_leaves_before_it_returns(tmp_path):
         back = mngr.restore(0, args=TensorListRestore())
     np.testing.assert_array_equal(np.asarray(back["w"]), want["w"])
     assert_bit_equal({"b": back["b"]}, {"b": want["b"]})
+
+
+def test_tree_kinds_survive_an_async_save(tmp_path):
+    """Tuples, lists, None leaves and namedtuples come back as what they were, through the host copy too."""
+    tree = {"opt": (Pair(jnp.zeros(3), jnp.ones(3)), [jnp.arange(2.0), None]), "count": jnp.asarray(7)}
+    with ocp.CheckpointManager(tmp_path / "run", item_handlers=TensorListCheckpointHandler()) as mngr:
+        mngr.save(1, args=TensorListSave(tree))
+        mngr.wait_until_finished()
+        back = mngr.restore(1, args=TensorListRestore())
+    assert type(back["opt"]) is tuple and type(back["opt"][1]) is list and back["opt"][1][1] is None
+    assert type(back["opt"][0]) is Pair  # found again by its qualified name
+    assert_bit_equal(back, tree)
+
+
+def test_a_target_that_disagrees_with_the_file_names_the_leaf(tmp_path):
+    tree = params()
+    TensorListCheckpointHandler().save(tmp_path, args=TensorListSave(tree))
+    target = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
+    target["dense"]["kernel"] = jax.ShapeDtypeStruct((4, 8), jnp.float32)
+    with pytest.raises(tensorlist.FormatError, match="dense/kernel"):
+        TensorListCheckpointHandler().restore(tmp_path, args=TensorListRestore(target))
