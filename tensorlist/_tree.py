@@ -31,7 +31,6 @@ the file, the JSON pointer of the node, and its path in the tree.
 from __future__ import annotations
 
 import collections
-import importlib
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
@@ -39,8 +38,8 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 from ._jsonio import MAX_DEPTH
 from .errors import FormatError, short_repr
 
-__all__ = ["JAX_TREE_FORMAT", "MAX_TREE_DEPTH", "ROOT_NAME", "NodeType", "register", "unregister", "encode", "check", "build",
-           "decode", "render", "node_of", "make_header", "tree_header", "Plan"]
+__all__ = ["JAX_TREE_FORMAT", "MAX_TREE_DEPTH", "ROOT_NAME", "NodeType", "register", "unregister", "encode", "check",
+           "build", "decode", "render", "node_of", "make_header", "tree_header", "Plan"]
 
 #: The ``format`` of the metadata a tree file carries:
 #: ``{"format": JAX_TREE_FORMAT, "tree": <spec>, "metadata": <user metadata>}``.
@@ -71,9 +70,9 @@ class NodeType:
 
     Attributes:
         kind: the spec's ``kind`` (``"flax.FrozenDict"``).
-        module, qualname: where the type lives; the module is imported only when
-            a file's spec names ``kind`` (the file never names a module itself),
-            and an object is matched only if its module is already imported.
+        module, qualname: where the type lives; an object is matched only if
+            its module is already imported (the codec imports nothing; an
+            ``unflatten`` imports what it needs, and a file never names a module).
         keyed: whether the node has ``keys`` (a mapping) or only ``children``.
         flatten: ``obj -> (keys or None, children)``.
         unflatten: ``(keys or None, children) -> obj``.
@@ -86,11 +85,9 @@ class NodeType:
     flatten: Callable[[Any], Tuple[Optional[List[Any]], List[Any]]]
     unflatten: Callable[[Optional[List[Any]], List[Any]], Any]
 
-    def type(self, *, load: bool = False):
-        """The registered class, or None when its module is not imported (and ``load`` is False)."""
+    def type(self):
+        """The registered class, or None while its module is not imported (it never is by the codec)."""
         mod = sys.modules.get(self.module)
-        if mod is None and load:
-            mod = importlib.import_module(self.module)
         return _lookup(mod, self.qualname) if mod is not None else None
 
 
@@ -137,29 +134,34 @@ def _is_key(k: Any) -> bool:
 # encode
 
 
-def node_of(obj: Any, path: Sequence[Any] = ()):
+def _registered() -> List[Tuple[NodeType, type]]:
+    """The registered kinds whose types exist now (their modules imported)."""
+    return [(nt, t) for nt, t in ((nt, nt.type()) for nt in _REGISTRY.values()) if t is not None]
+
+
+def node_of(obj: Any, path: str = "", registered: Optional[List[Tuple[NodeType, type]]] = None):
     """``(kind, keys, children, extra)`` of a container ``obj``, None for a leaf (``path`` for messages).
 
     ``keys`` is None for a sequence kind; a namedtuple's ``extra`` holds its
-    ``type`` and ``fields``.
+    ``type`` and ``fields``. ``registered``: ``_registered()``, if the caller
+    asks about many objects at once.
     """
     if obj is None:
         return "none", None, [], {}
-    for nt in _REGISTRY.values():
-        t = nt.type()
-        if t is not None and isinstance(obj, t):
-            keys, children = nt.flatten(obj)
-            return nt.kind, (list(keys) if nt.keyed else None), list(children), {}
     t = type(obj)
     if t is dict or t is collections.OrderedDict:
         return ("dict" if t is dict else "ordereddict"), list(obj.keys()), list(obj.values()), {}
+    if t is list or t is tuple:
+        return t.__name__, None, list(obj), {}
+    for nt, cls in _registered() if registered is None else registered:
+        if isinstance(obj, cls):
+            keys, children = nt.flatten(obj)
+            return nt.kind, (list(keys) if nt.keyed else None), list(children), {}
     if isinstance(obj, tuple) and hasattr(t, "_fields"):
         return "namedtuple", None, list(obj), {"type": f"{t.__module__}:{t.__qualname__}",
                                                 "fields": list(t._fields)}
-    if t is list or t is tuple:
-        return t.__name__, None, list(obj), {}
     if isinstance(obj, (dict, list, tuple)):
-        raise TypeError(f"tree at {_path_text(path)}: a {t.__module__}.{t.__qualname__} (a subclass of "
+        raise TypeError(f"tree at {path or '(root)'}: a {t.__module__}.{t.__qualname__} (a subclass of "
                         f"{[b.__name__ for b in (dict, list, tuple) if isinstance(obj, b)][0]}) would come back "
                         "as another type: convert it to a plain dict, list or tuple first")
     return None
@@ -188,17 +190,18 @@ def encode(tree: Any) -> Tuple[Dict[str, Any], List[Tuple[str, Any]]]:
     leaves: List[Tuple[str, Any]] = []
     used: Dict[str, int] = {}
     root: Dict[str, Any] = {}
-    stack = [(tree, (), root, 0)]
+    registered = _registered()
+    stack = [(tree, "", root, 0)]  # (object, its key path joined by "/", its spec node, depth)
     while stack:
         obj, path, node, depth = stack.pop()
         if depth > MAX_TREE_DEPTH:
-            raise ValueError(f"tree at {_path_text(path[:8])}/...: deeper than {MAX_TREE_DEPTH} levels (or a "
-                             "cycle), which no strict JSON reader would read back")
-        c = node_of(obj, path)
+            raise ValueError(f"tree at {short_repr(path, 60)}: deeper than {MAX_TREE_DEPTH} levels (or a cycle), "
+                             "which no strict JSON reader would read back")
+        c = node_of(obj, path, registered)
         if c is None:
             node["kind"] = "leaf"
-            node["name"] = _unique("/".join(str(t) for t in path) if path else ROOT_NAME, used)
-            leaves.append((node["name"], obj))
+            node["name"] = name = _unique(path if depth else ROOT_NAME, used)
+            leaves.append((name, obj))
             continue
         kind, keys, children, extra = c
         node["kind"] = kind
@@ -208,13 +211,14 @@ def encode(tree: Any) -> Tuple[Dict[str, Any], List[Tuple[str, Any]]]:
         if keys is not None:
             for k in keys:
                 if not _is_key(k):
-                    raise TypeError(f"tree at {_path_text(path)}: key {short_repr(k)} is a {type(k).__name__}; "
+                    raise TypeError(f"tree at {path or '(root)'}: key {short_repr(k)} is a {type(k).__name__}; "
                                     "only str and int keys are stored")
             node["keys"] = keys
         tokens = keys if keys is not None else extra.get("fields", range(len(children)))
-        node["children"] = [{} for _ in children]
-        for tok, child, slot in reversed(list(zip(tokens, children, node["children"]))):
-            stack.append((child, path + (tok,), slot, depth + 1))
+        slots = node["children"] = [{} for _ in children]
+        prefix = path + "/" if depth else ""
+        for i in range(len(children) - 1, -1, -1):
+            stack.append((children[i], f"{prefix}{tokens[i]}", slots[i], depth + 1))
     return root, leaves
 
 
@@ -268,78 +272,44 @@ def check(spec: Any, names: Iterable[str], *, file: Optional[str] = None, field:
     remaining = {n: i for i, n in enumerate(stored)}
     leaves: List[str] = []
     steps: List[Tuple[str, Any, int]] = []
-    stack = [(spec, field, (), 0)]
-
+    stack = [(spec, (None, field, None), 0)]  # (node, where: (parent's where, index, key) or the root's, depth)
     while stack:
-        node, ptr, path, depth = stack.pop()
-
-        def fail(reason: str, at: str = "", tensor: Optional[str] = None):
-            raise FormatError(f"tree at {_path_text(path)}: {reason}", file=file, field=ptr + at or "/",
-                              tensor_name=tensor, tensor_index=None if tensor is None else stored.index(tensor))
-
+        node, where, depth = stack.pop()
         if depth > MAX_TREE_DEPTH:
-            fail(f"the tree is deeper than {MAX_TREE_DEPTH} levels")
+            raise _error(file, where, f"the tree is deeper than {MAX_TREE_DEPTH} levels")
         if not isinstance(node, dict):
-            fail(f"a node must be an object, not {short_repr(node)}")
+            raise _error(file, where, f"a node must be an object, not {short_repr(node)}")
         kind = node.get("kind")
-        if not isinstance(kind, str):
-            fail(f"'kind' must be a string, not {short_repr(kind)}", "/kind")
-        nt = _REGISTRY.get(kind)
-        allowed = _FIELDS.get(kind) or (None if nt is None else ({"kind", "keys", "children"} if nt.keyed
-                                                                 else {"kind", "children"}))
+        allowed = _FIELDS.get(kind) if isinstance(kind, str) else None
         if allowed is None:
-            fail(f"unknown node kind {short_repr(kind)} (known: {sorted(_FIELDS) + sorted(_REGISTRY)}; a kind "
-                 "from an adapter is known once the adapter is imported)", "/kind")
-        missing = sorted(allowed - set(node))
-        extra = sorted(set(node) - allowed)
-        if missing or extra:
-            fail(f"a {kind!r} node has exactly the fields {sorted(allowed)}"
-                 + (f"; missing {missing}" if missing else "") + (f"; unexpected {extra}" if extra else ""))
-        if kind == "none":
-            steps.append(("none", None, 0))
-            continue
+            allowed = _node_fields(kind, file, where)
+        if node.keys() != allowed:
+            missing, extra = sorted(allowed - set(node)), sorted(set(node) - allowed)
+            raise _error(file, where, f"a {kind!r} node has exactly the fields {sorted(allowed)}"
+                         + (f"; missing {missing}" if missing else "") + (f"; unexpected {extra}" if extra else ""))
         if kind == "leaf":
             name = node["name"]
-            if not isinstance(name, str):
-                fail(f"a leaf's 'name' must be a string, not {short_repr(name)}", "/name")
-            if name not in remaining:
-                if name in leaves:
-                    fail(f"tensor {name!r} is already a leaf of the tree (each tensor is referenced exactly "
-                         "once)", "/name", name)
-                fail(f"the leaf names tensor {name!r}, which the file does not store", "/name")
+            if name not in remaining or not isinstance(name, str):
+                raise _leaf_error(name, leaves, stored, file, where)
             del remaining[name]
             leaves.append(name)
             steps.append(("leaf", name, 0))
             continue
+        if kind == "none":
+            steps.append(("none", None, 0))
+            continue
         children = node["children"]
         if not isinstance(children, list):
-            fail(f"'children' must be an array, not {short_repr(children)}", "/children")
+            raise _error(file, where, f"'children' must be an array, not {short_repr(children)}", "/children")
         tokens: Sequence[Any] = range(len(children))
         payload: Any = None
         if "keys" in allowed or kind == "namedtuple":
-            label = "fields" if kind == "namedtuple" else "keys"
-            keys = node[label]
-            if not isinstance(keys, list) or len(keys) != len(children):
-                fail(f"{label!r} must be an array as long as 'children' ({len(children)}), not "
-                     f"{short_repr(keys)}", "/" + label)
-            for i, k in enumerate(keys):
-                ok = isinstance(k, str) if kind == "namedtuple" else _is_key(k)
-                if not ok:
-                    fail(f"{label[:-1]} {i} is {short_repr(k)}: a {'field' if kind == 'namedtuple' else 'key'} "
-                         f"is {'a string' if kind == 'namedtuple' else 'a string or an integer'}",
-                         f"/{label}/{i}")
-            seen = set()
-            for i, k in enumerate(keys):
-                if (type(k), k) in seen:
-                    fail(f"{label[:-1]} {short_repr(k)} appears twice", f"/{label}/{i}")
-                seen.add((type(k), k))
-            tokens = keys
-            payload = keys
+            tokens = payload = _check_keys(node, kind, len(children), file, where)
             if kind == "namedtuple":
-                payload = (_namedtuple_class(node["type"], keys, fail), keys)
+                payload = (_namedtuple_class(node["type"], tokens, file, where), tokens)
         steps.append((kind, payload, len(children)))
-        for i in reversed(range(len(children))):
-            stack.append((children[i], f"{ptr}/children/{i}", path + (tokens[i],), depth + 1))
+        for i in range(len(children) - 1, -1, -1):
+            stack.append((children[i], (where, i, tokens[i]), depth + 1))
 
     if remaining:
         extra_name = min(remaining, key=remaining.get)
@@ -349,10 +319,62 @@ def check(spec: Any, names: Iterable[str], *, file: Optional[str] = None, field:
     return Plan(tuple(leaves), tuple(steps))
 
 
+def _error(file, where, reason: str, at: str = "", tensor: Optional[str] = None,
+           index: Optional[int] = None) -> FormatError:
+    """The FormatError about the node at ``where`` (its pointer and tree path rebuilt only now)."""
+    hops, keys = [], []
+    while where[0] is not None:
+        where, i, key = where
+        hops.append(f"/children/{i}")
+        keys.append(key)
+    ptr = where[1] + "".join(reversed(hops)) + at
+    return FormatError(f"tree at {_path_text(keys[::-1])}: {reason}", file=file, field=ptr or "/",
+                       tensor_name=tensor, tensor_index=index)
+
+
+def _node_fields(kind: Any, file, where) -> set:
+    """The fields of a registered kind's node; a FormatError for a kind nobody registered."""
+    if not isinstance(kind, str):
+        raise _error(file, where, f"'kind' must be a string, not {short_repr(kind)}", "/kind")
+    nt = _REGISTRY.get(kind)
+    if nt is None:
+        known = sorted(_FIELDS) + sorted(_REGISTRY)
+        raise _error(file, where, f"unknown node kind {short_repr(kind)} (known: {known}; a kind from an "
+                     "adapter is known once the adapter is imported)", "/kind")
+    return {"kind", "keys", "children"} if nt.keyed else {"kind", "children"}
+
+
+def _leaf_error(name: Any, leaves: List[str], stored: List[str], file, where) -> FormatError:
+    if not isinstance(name, str):
+        return _error(file, where, f"a leaf's 'name' must be a string, not {short_repr(name)}", "/name")
+    if name in leaves:
+        return _error(file, where, f"tensor {name!r} is already a leaf of the tree (each tensor is referenced "
+                      "exactly once)", "/name", name, stored.index(name))
+    return _error(file, where, f"the leaf names tensor {name!r}, which the file does not store", "/name")
+
+
+def _check_keys(node: Dict[str, Any], kind: str, count: int, file, where) -> List[Any]:
+    """A keyed node's keys (a namedtuple's fields): one per child, of the right types, no two alike."""
+    label = "fields" if kind == "namedtuple" else "keys"
+    keys = node[label]
+    if not isinstance(keys, list) or len(keys) != count:
+        raise _error(file, where, f"{label!r} must be an array as long as 'children' ({count}), not "
+                     f"{short_repr(keys)}", "/" + label)
+    seen = set()
+    for i, k in enumerate(keys):
+        if not (isinstance(k, str) if kind == "namedtuple" else _is_key(k)):
+            what = "a field is a string" if kind == "namedtuple" else "a key is a string or an integer"
+            raise _error(file, where, f"{label[:-1]} {i} is {short_repr(k)}: {what}", f"/{label}/{i}")
+        if (type(k), k) in seen:
+            raise _error(file, where, f"{label[:-1]} {short_repr(k)} appears twice", f"/{label}/{i}")
+        seen.add((type(k), k))
+    return keys
+
+
 _DYNAMIC: Dict[Tuple[str, Tuple[str, ...]], type] = {}
 
 
-def _namedtuple_class(type_name: Any, fields: List[str], fail) -> type:
+def _namedtuple_class(type_name: Any, fields: List[str], file, where) -> type:
     """The namedtuple class ``type_name`` ("module:qualname") if its module is imported, else one made alike.
 
     The file's module is never imported: a class whose module the program has
@@ -360,15 +382,17 @@ def _namedtuple_class(type_name: Any, fields: List[str], fail) -> type:
     fields.
     """
     if not isinstance(type_name, str) or type_name.count(":") != 1:
-        fail(f"a namedtuple's 'type' must be 'module:qualname', not {short_repr(type_name)}", "/type")
+        raise _error(file, where, f"a namedtuple's 'type' must be 'module:qualname', not "
+                     f"{short_repr(type_name)}", "/type")
     module, qualname = type_name.split(":")
     mod = sys.modules.get(module)
     cls = _lookup(mod, qualname) if mod is not None and qualname else None
     if cls is not None:
         if not (isinstance(cls, type) and issubclass(cls, tuple) and hasattr(cls, "_fields")):
-            fail(f"{type_name} is not a namedtuple class", "/type")
+            raise _error(file, where, f"{type_name} is not a namedtuple class", "/type")
         if list(cls._fields) != fields:
-            fail(f"namedtuple {type_name} has the fields {list(cls._fields)}, the file {fields}", "/fields")
+            raise _error(file, where, f"namedtuple {type_name} has the fields {list(cls._fields)}, the file "
+                         f"{fields}", "/fields")
         return cls
     key = (type_name, tuple(fields))
     if key not in _DYNAMIC:
@@ -376,7 +400,8 @@ def _namedtuple_class(type_name: Any, fields: List[str], fail) -> type:
         try:
             _DYNAMIC[key] = collections.namedtuple(simple, fields)
         except ValueError as e:
-            fail(f"namedtuple {short_repr(type_name)} cannot be rebuilt: {e}", "/fields")
+            raise _error(file, where, f"namedtuple {short_repr(type_name)} cannot be rebuilt: {e}",
+                         "/fields") from None
     return _DYNAMIC[key]
 
 
@@ -400,9 +425,7 @@ def build(plan: Plan, leaves: Mapping[str, Any]) -> Any:
         elif kind == "namedtuple":
             values.append(payload[0]._make(children))
         else:
-            nt = _REGISTRY[kind]
-            nt.type(load=True)
-            values.append(nt.unflatten(payload, children))
+            values.append(_REGISTRY[kind].unflatten(payload, children))
     [tree] = values
     return tree
 

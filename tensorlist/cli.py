@@ -197,6 +197,13 @@ def _inspect_dcp(path: str, fmt: str, as_json: bool, out) -> None:
         chunks = sum(r["chunks"] for r in rows)
         out.write(f"  {len(rows)} tensors in {chunks} chunks, {_human(total)} of data; {len(values)} "
                   f"value{'s' if len(values) != 1 else ''}\n")
+        # a tensorlist.jax checkpoint's tree header (the metadata's optional "tree", read by dcp_read)
+        tree_lines, shown = _tree_display(getattr(ckpt, "tree", None), {r["name"]: f"{r['dtype']} "
+                                                                        f"{tuple(r['shape'])}" for r in rows}, path)
+        if tree_lines and shown is not None:
+            out.write("  metadata: " + json.dumps(shown, indent=2)[:2000] + "\n")
+        for line in tree_lines:
+            out.write(line + "\n")
 
 
 def cmd_inspect(args) -> int:

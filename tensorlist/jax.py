@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import importlib
 import os
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Tuple
 
 import jax
 import numpy as np
@@ -129,11 +129,11 @@ def load(path, *, sharding: Any = None, device: Any = None, mmap: bool = True, v
     Args:
         path: the descriptor file or checkpoint directory.
         sharding: None, one ``jax.sharding.Sharding`` for every leaf, or a tree
-            matching the saved one whose leaves are Shardings,
+            matching the saved one whose leaves are Shardings, jax Devices,
             ``jax.ShapeDtypeStruct`` (its ``.sharding`` is used, its shape and
             dtype checked against the file) or None (the default placement);
-            a None, Sharding or ShapeDtypeStruct-free subtree position may
-            stand for a whole subtree (a prefix, as in jax).
+            a None or a Sharding in place of a subtree applies to every leaf
+            below it (a prefix, as in jax).
         device: any jax device (a ``jax.Device``): every leaf there. Not with
             ``sharding``.
         mmap: map the file (default: zero-copy onto CPU devices) or read it
@@ -155,6 +155,14 @@ def load(path, *, sharding: Any = None, device: Any = None, mmap: bool = True, v
         TypeError: a leaf jax cannot hold (64-bit without x64 and without
             ``downcast``), naming it.
         ValueError: a ``sharding`` tree that does not match the saved tree.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, tempfile, os, tensorlist.jax as tlj
+        >>> path = os.path.join(tempfile.mkdtemp(), "t.tl")
+        >>> tlj.save(path, (jnp.ones(2), None, [jnp.arange(3)]))
+        >>> tree = tlj.load(path, device=jax.devices()[0])
+        >>> type(tree).__name__, tree[1], tree[2][0].tolist()
+        ('tuple', None, [0, 1, 2])
     """
     if sharding is not None and device is not None:
         raise ValueError("give sharding= or device=, not both")
@@ -162,7 +170,10 @@ def load(path, *, sharding: Any = None, device: Any = None, mmap: bool = True, v
         raise TypeError(f"device must be a jax.Device (jax.devices()[i]), not {type(device).__name__}")
     path = os.fspath(path)
     if os.path.isdir(path):
-        return _load_dir(path, sharding, device, mmap, verify)
+        if kwargs:
+            raise ValueError(f"{path}: a checkpoint directory takes sharding=, device=, mmap=, verify= and "
+                             f"downcast= only, not {sorted(kwargs)}")
+        return _load_dir(path, sharding, device, mmap, verify, downcast)
     with reader.Reader(path, mmap=mmap, **kwargs) as r:
         header = _tree.tree_header(r.descriptor.metadata, file=r.path)
         if header is None:
@@ -180,7 +191,7 @@ def load(path, *, sharding: Any = None, device: Any = None, mmap: bool = True, v
     return _tree.build(plan, arrays)
 
 
-def _load_dir(path: str, sharding, device, mmap: bool, verify: bool) -> Any:
+def _load_dir(path: str, sharding, device, mmap: bool, verify: bool, downcast: bool) -> Any:
     with _shards().open_dir(path, mmap=mmap, verify=verify) as ck:
         header = _tree.tree_header(ck.header, file=path, field="/tree")
         if header is None:
@@ -188,10 +199,11 @@ def _load_dir(path: str, sharding, device, mmap: bool, verify: bool) -> Any:
                               "tensorlist.dcp_read.read_full", file=path, field="/tree")
         plan = _tree.check(header["tree"], ck.names(), file=path, field="/tree/tree")
         for n in plan.leaves:
-            check_dtype(ck.dtype(n), n)
+            check_dtype(ck.dtype(n), n, downcast=downcast)
         targets = _targets(header["tree"], sharding, device, {n: (tuple(ck.shape(n)), ck.dtype(n))
-                                                              for n in plan.leaves}, False, path)
-        arrays = {n: ck.load(n, targets[n]) for n in plan.leaves}
+                                                              for n in plan.leaves}, downcast, path)
+        opt = {"downcast": True} if downcast else {}  # the contract's load(name, target), plus the opt-in
+        arrays = {n: ck.load(n, targets[n], **opt) for n in plan.leaves}
     return _tree.build(plan, arrays)
 
 
@@ -227,7 +239,7 @@ def _targets(spec, sharding, device, stored: Dict[str, Tuple[Tuple[int, ...], np
         if target is None or isinstance(target, jax.sharding.Sharding):  # a prefix: the whole subtree
             stack.extend((c, target, path + (t,)) for t, c in zip(tokens, node["children"]))
             continue
-        found = _tree.node_of(target, path)
+        found = _tree.node_of(target, where)
         if found is None or found[0] == "none":
             raise ValueError(f"sharding tree at {where}: the file holds a {kind} here, the sharding tree a "
                              f"{type(target).__name__}")
@@ -258,8 +270,8 @@ def _leaf_target(name: str, target, stored: Tuple[Tuple[int, ...], np.dtype], do
                               f"asks for {np.dtype(target.dtype)} {tuple(target.shape)}", file=file,
                               tensor_name=name)
         return target.sharding
-    raise TypeError(f"sharding tree at {where}: a leaf's target is a Sharding, a ShapeDtypeStruct or None, "
-                    f"not {type(target).__name__}")
+    raise TypeError(f"sharding tree at {where}: a leaf's target is a Sharding, a Device, a ShapeDtypeStruct or "
+                    f"None, not {type(target).__name__}")
 
 
 def load_nnx(path, model, **kwargs) -> Any:
@@ -273,6 +285,15 @@ def load_nnx(path, model, **kwargs) -> Any:
         path: a file saved with ``save(path, nnx.state(model))``.
         model: an ``nnx.Module`` of the same structure.
         **kwargs: as :func:`load` (``sharding``, ``device``, ...).
+
+    Example:
+        >>> import tempfile, os, tensorlist.jax as tlj
+        >>> from flax import nnx
+        >>> path = os.path.join(tempfile.mkdtemp(), "m.tl")
+        >>> tlj.save(path, nnx.state(nnx.Linear(2, 3, rngs=nnx.Rngs(0))))
+        >>> model = tlj.load_nnx(path, nnx.Linear(2, 3, rngs=nnx.Rngs(1)))
+        >>> bool((model.kernel[...] == nnx.Linear(2, 3, rngs=nnx.Rngs(0)).kernel[...]).all())
+        True
     """
     from flax import nnx
 
