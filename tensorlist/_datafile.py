@@ -29,8 +29,8 @@ from . import _lowlevel
 from .errors import ChecksumError, FormatError, UnsupportedDTypeError
 from .format import ListDescriptor, TensorInfo, check_data_path, check_data_size, open_regular
 
-__all__ = ["ReadMode", "read_mode", "DataFile", "ListData", "open_list", "open_consistently", "check_crcs", "bytes_view", "region_target",
-           "first_tensor_in", "writable_bytes", "views", "unsupported_dtype", "too_many_dims", "NUMPY_MAX_DIMS"]
+__all__ = ["ReadMode", "read_mode", "DataFile", "ListData", "open_list", "open_consistently", "check_crcs",
+           "bytes_view", "region_target", "first_tensor_in", "writable_bytes", "views", "unsupported_dtype", "too_many_dims", "NUMPY_MAX_DIMS"]
 
 #: How often a reader re-reads a descriptor that a concurrent save keeps replacing.
 MAX_REREADS = 100

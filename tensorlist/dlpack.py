@@ -56,6 +56,8 @@ _ML_CODES = {
     "float8_e5m2fnuz": 13,
     "float8_e8m0fnu": 14,
 }
+#: ``dtype.isbuiltin`` of a dtype registered from outside numpy (ml_dtypes' kinds vary: float8_e5m2 says "f").
+_USER_DTYPE = 2
 #: The float8 codes (7 and up) are DLPack 1.1's: a versioned capsule carrying one says 1.1.
 _FLOAT8_FIRST_CODE, _FLOAT8_MINOR = 7, 1
 
@@ -96,7 +98,7 @@ class DLPackExport:
         a = self.array
         if copy is True:
             a = _private_copy(a)
-        code = _ML_CODES.get(a.dtype.name) if a.dtype.kind == "V" else None
+        code = _ML_CODES.get(a.dtype.name) if a.dtype.isbuiltin == _USER_DTYPE else None
         src = a.view(f"u{a.dtype.itemsize}") if code is not None else a
         if max_version is not None and tuple(max_version) >= VERSIONED:
             try:

@@ -640,8 +640,8 @@ def load_document(url: str, *, mmap=True, allow_outside: bool = False,
     fs, path = _filesystem(url, storage_options)
     doc = _read_document(fs, path, url, limits)
     for ptr in find_tensor_lists(doc):
-        with RemoteReader(url, pointer=ptr, mmap=mmap, allow_outside=allow_outside, max_descriptor_bytes=max_descriptor_bytes,
-                          max_tensors=max_tensors, max_total_bytes=max_total_bytes,
+        with RemoteReader(url, pointer=ptr, mmap=mmap, allow_outside=allow_outside,
+                          max_descriptor_bytes=max_descriptor_bytes, max_tensors=max_tensors, max_total_bytes=max_total_bytes,
                           storage_options=storage_options, _document=doc) as r:
             tensors = r.to_dict()
         if ptr == "":

@@ -28,7 +28,7 @@ import tensorlist as tl
 from tensorlist import _dtypes
 from tensorlist._torch_bridge import from_numpy
 from tensorlist.dcp import TensorListReader, TensorListWriter, read_full, validate_checkpoint
-from tensorlist.dcp_read import (METADATA_NAME, SCHEMA, StorageEntry, TensorMeta, schema_check, check_shape,
+from tensorlist.dcp_read import (METADATA_NAME, Shards, read_metadata, SCHEMA, StorageEntry, TensorMeta, schema_check, check_shape,
                                  metadata_document, parse_metadata, read_metadata)
 from tensorlist.errors import FormatError
 from tensorlist.schema import load_schema, schema_validator
@@ -333,6 +333,22 @@ def test_a_rank_killed_before_the_commit_leaves_the_previous_checkpoint_loadable
     writer.wait()
     ckpt = read_metadata(path)
     assert sorted(os.listdir(path)) == sorted([METADATA_NAME] + [n for n in os.listdir(path) if ckpt.save_id in n])
+
+
+def test_every_dcp_reader_takes_the_mmap_modes_and_refuses_others(tmp_path):
+    dcp.save({"a": torch.arange(3.0)}, storage_writer=TensorListWriter(tmp_path))
+    for mode in (True, "copy", False):
+        assert read_full(tmp_path, mmap=mode)["a"].tolist() == [0.0, 1.0, 2.0]
+        with Shards(tmp_path, mmap=mode) as shards:
+            arrays = [shards.array(e) for e in read_metadata(tmp_path).storage.values() if e.offset is not None]
+            assert [a.flags.writeable for a in arrays] == [mode is not True]
+        state = {"a": torch.zeros(3)}
+        dcp.load(state, storage_reader=TensorListReader(tmp_path, mmap=mode))
+        assert state["a"].tolist() == [0.0, 1.0, 2.0]
+    for call in (lambda: read_full(tmp_path, mmap="cow"), lambda: Shards(tmp_path, mmap="cow"),
+                 lambda: TensorListReader(tmp_path, mmap="cow")):
+        with pytest.raises(ValueError, match="mmap must be True, False or 'copy', not 'cow'"):
+            call()
 
 
 def test_a_second_save_replaces_the_first_and_overwrite_false_refuses(tmp_path):

@@ -151,3 +151,17 @@ def test_safetensors_converted_file_loads(tmp_path):
     convert(str(tmp_path / "m.safetensors"), str(tmp_path / "m.tl"))
     w = tm.load(tmp_path / "m.tl")["w"]
     assert w.dtype == mx.float16 and w.tolist() == [[0, 1, 2], [3, 4, 5]]
+
+
+@pytest.mark.slow
+def test_imports_stay_apart():
+    """``import tensorlist`` imports no framework; ``tensorlist.mlx`` imports MLX alone (a fresh interpreter)."""
+    import json
+    import subprocess
+    import sys
+
+    code = ("import json, sys, tensorlist; before = sorted(m for m in ('mlx', 'tensorflow', 'torch', 'jax') "
+            "if m in sys.modules); import tensorlist.mlx; after = sorted(m for m in ('mlx', 'tensorflow', "
+            "'torch', 'jax') if m in sys.modules); print(json.dumps([before, after]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [[], ["mlx"]]

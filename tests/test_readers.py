@@ -7,10 +7,14 @@ kind       opened as                                      reader
 ========== ============================================== =========================
 mmap       ``/tmp/.../x.tl``                              ``tensorlist.Reader``, mapped
 pread      ``/tmp/.../x.tl`` with ``mmap=False``          ``tensorlist.Reader``, pread
+copy       ``/tmp/.../x.tl`` with ``mmap="copy"``         ``tensorlist.Reader``, copy-on-write mapping
 file-url   ``file:///tmp/.../x.tl``                       ``tensorlist.Reader`` (file:// is local)
 memory     ``memory://tl-readers/.../x.tl``               ``tensorlist.remote.RemoteReader``
 s3         ``s3://tensorlist-tests/.../x.tl`` (moto)      ``tensorlist.remote.RemoteReader``
 ========== ============================================== =========================
+
+:class:`TestCopyOnWrite` runs the ``mmap="copy"`` cases against every kind
+(remote readers give writable private copies).
 
 Lists are written through the public API at the reader's own address
 (``tensorlist.save(url, ...)``). The embedded document is written locally
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import posixpath
 import uuid
 from pathlib import Path
@@ -31,7 +36,7 @@ import pytest
 
 import tensorlist as tl
 
-KINDS = ["mmap", "pread", "file-url", "memory", "s3"]
+KINDS = ["mmap", "pread", "copy", "file-url", "memory", "s3"]
 REMOTE = ("memory", "s3")
 
 
@@ -80,7 +85,7 @@ class Store:
 class LocalStore(Store):
     def __init__(self, kind: str, root: Path):
         self.kind, self.root = kind, root
-        self.open_kwargs = {"mmap": kind != "pread"}
+        self.open_kwargs = {"mmap": {"pread": False, "copy": "copy"}.get(kind, True)}
 
     def url(self, name):
         return ("file://" if self.kind == "file-url" else "") + str(self.root / name)
@@ -322,9 +327,9 @@ class TestMapping:
         assert every["scalar"].shape == () and every["empty2d"].shape == (3, 0)
         assert every["be_f4"].dtype == np.dtype("<f4")
 
-    def test_arrays_are_read_only_except_with_mmap_false(self, store):
+    def test_arrays_are_read_only_except_with_mmap_false_or_copy(self, store):
         _saved(store)
-        writable = store.kind == "pread"
+        writable = store.kind in ("pread", "copy")
         with store.open("m.tl") as r:
             for a in [r["w"], r["empty"], *r.values(), *r.to_dict().values()]:
                 assert a.flags.writeable == writable
@@ -615,3 +620,83 @@ def _listing(store: Store):
         return [p.name for p in store.root.iterdir()]
     store.fs.invalidate_cache()
     return store.fs.ls(store.folder, detail=False)
+
+
+class TestCopyOnWrite:
+    """``mmap="copy"`` with every reader: writable arrays whose writes never reach the file."""
+
+    @staticmethod
+    def _files(store: Store, name: str = "m.tl") -> dict:
+        return {n: store.read(n) for n in (name, store.data_name(name))}
+
+    @staticmethod
+    def _scribble(arrays) -> None:
+        for a in arrays:
+            if a.size:
+                a.reshape(-1).view(np.uint8)[...] = 0xA5
+
+    def test_writes_never_reach_the_file(self, store):
+        want = _saved(store)
+        before = self._files(store)
+        got = store.load("m.tl", mmap="copy")
+        assert all(a.flags.writeable for a in got.values())
+        self._scribble(got.values())
+        assert (got["w"].view(np.uint8) == 0xA5).all()
+        with store.open("m.tl", mmap="copy") as r:
+            self._scribble([r["w"], r["i8"]])
+            assert r["w"].flags.writeable
+        assert self._files(store) == before  # the file's bytes, re-read after the writes
+        again = store.load("m.tl")
+        for k in want:
+            _same(again[k], want[k])
+
+    def test_views_are_64_byte_aligned(self, store):
+        _saved(store)
+        for source in (store.load("m.tl", mmap="copy"), store.open("m.tl", mmap="copy").to_dict()):
+            for k, a in source.items():
+                if a.size:
+                    assert a.ctypes.data % tl.DEFAULT_ALIGNMENT == 0, k
+
+    def test_verify_checks_the_private_pages(self, store):
+        want = _saved(store)
+        assert list(store.load("m.tl", mmap="copy", verify=True)) == list(want)
+        with store.open("m.tl", mmap="copy") as r:
+            assert r.verify() == len(want)
+            w = r["w"]
+            w[0, 0] += 1  # only in this reader's copy of the page (or fetched bytes)
+            if store.kind in REMOTE:  # each read is a new private copy
+                assert r.verify(["w"]) == 1
+            else:
+                with pytest.raises(tl.ChecksumError, match=r"m.tl.*tensor 0 \('w'\)"):
+                    r.verify(["w"])
+        assert tl.open(store.url("m.tl")).verify(["w"]) == 1  # the file still holds the saved bytes
+
+    def test_the_arrays_outlive_the_reader(self, store):
+        want = _saved(store)
+        with store.open("m.tl", mmap="copy") as r:
+            a, every = r["w"], r.to_dict()
+        del r
+        a += 1
+        _same(a, want["w"] + 1)
+        every["c64"][...] = 0
+        assert not every["c64"].any()
+        _same(every["u64"], want["u64"])
+
+    def test_load_document(self, store, tmp_path):
+        _embedded_document(store, tmp_path)
+        before = {n: store.read(n) for n in ("doc.json", store.descriptor("doc.json")["model"]["location"])}
+        doc = tl.load_document(store.url("doc.json"), mmap="copy")
+        w = doc["model"]["w"]
+        assert w.flags.writeable and doc["opt"][0]["0"].flags.writeable
+        w[...] = -1
+        assert {n: store.read(n) for n in before} == before
+        _same(tl.load_document(store.url("doc.json"))["model"]["w"], np.arange(6, dtype=np.float32).reshape(2, 3))
+
+    @pytest.mark.parametrize("bad", ["COPY", "copy ", "r", "", 1, 0, None, b"copy", np.bool_(True)], ids=repr)
+    def test_a_bad_mmap_value_is_refused_naming_it(self, store, bad):
+        _saved(store)
+        for call in (store.open, store.load):
+            with pytest.raises(ValueError, match=r"mmap must be True, False or 'copy', not " + re.escape(repr(bad))):
+                call("m.tl", mmap=bad)
+        with pytest.raises(ValueError, match="mmap must be"):
+            tl.load_document(store.url("m.tl"), mmap=bad)

@@ -208,6 +208,15 @@ def test_tensors_keep_the_mapping_alive_and_the_file_never_changes(tmp_path):
     assert _tensor_bits(t) == _bits(w) and data.read_bytes() == before
 
 
+def test_loaded_tensors_survive_the_file_being_replaced(tmp_path):
+    old, new = _sample("float32", (512,)), _sample("float32", (512,), seed=1)
+    tl.save(tmp_path / "r.tl", {"w": old})
+    t = ttf.load(tmp_path / "r.tl")["w"]
+    tl.save(tmp_path / "r.tl", {"w": new})  # a new data file; the old one is swept away
+    gc.collect()
+    assert _tensor_bits(t) == _bits(old) and _tensor_bits(ttf.load(tmp_path / "r.tl")["w"]) == _bits(new)
+
+
 def test_variables_from_a_load(tmp_path):
     tl.save(tmp_path / "m.tl", {"dense/kernel": np.eye(3, dtype=np.float32)})
     variables = {k: tf.Variable(t, name=k.replace("/", "_")) for k, t in ttf.load(tmp_path / "m.tl").items()}
@@ -261,3 +270,22 @@ def test_safetensors_converted_file_loads(tmp_path):
     convert(str(tmp_path / "m.safetensors"), str(tmp_path / "m.tl"))
     w = ttf.load(tmp_path / "m.tl")["w"]
     assert w.dtype == tf.float16 and w.numpy().tolist() == [[0, 1, 2], [3, 4, 5]]
+
+
+@pytest.mark.slow
+def test_imports_stay_apart():
+    """``tensorlist.tensorflow`` imports no framework TensorFlow does not (a fresh interpreter: seconds).
+
+    TensorFlow 2.21 itself imports jax when it is installed, so the child compares with ``import tensorflow``.
+    """
+    import json
+    import subprocess
+
+    code = ("import json, sys\n"
+            "def fw(): return sorted(m for m in ('mlx', 'tensorflow', 'torch', 'jax') if m in sys.modules)\n"
+            "import tensorlist; bare = fw()\n"
+            "import tensorflow; base = fw()\n"
+            "import tensorlist.tensorflow; print(json.dumps([bare, base, fw()]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    bare, base, after = json.loads(out.stdout.strip().splitlines()[-1])
+    assert bare == [] and "tensorflow" in base and after == base

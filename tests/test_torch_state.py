@@ -40,6 +40,20 @@ def test_module_state_round_trip_zero_copy_and_buffers(tmp_path):
     assert not state["0.weight"].numpy().flags.owndata  # a view of the mapping, not a copy
 
 
+def test_load_state_with_mmap_copy_gives_writable_tensors_that_never_change_the_file(tmp_path):
+    path = tmp_path / "m.tl"
+    tl.save(path, {"w": np.arange(6, dtype=np.float32), "h": np.ones(4, np.float16)})
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    for state in (tt.load_state(path, mmap="copy"), tl.load(path, device="cpu", mmap="copy")):
+        state["w"].add_(1)  # in place, on the copy-on-write pages
+        assert state["w"].tolist() == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+        assert not state["w"].numpy().flags.owndata  # still a view of the mapping
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    for device in (None, "cpu", "meta"):
+        with pytest.raises(ValueError, match="mmap must be True, False or 'copy', not 'yes'"):
+            tt.load_state(path, device=device, mmap="yes")
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision_states_load_bit_exact(tmp_path, dtype):
     m = torch.nn.Linear(5, 3).to(dtype)

@@ -1,0 +1,186 @@
+"""tensorlist.to_dlpack: the protocol with numpy alone, then what each framework does with it.
+
+The framework cases check the table of docs/FRAMEWORKS.md ("DLPack and zero-copy") by pointer
+equality: ``jax.Array.unsafe_buffer_pointer()``, ``torch.Tensor.data_ptr()``, and for MLX (and
+TensorFlow, in test_dlpack_tf.py) the data pointer of the DLPack capsule the framework exports,
+against ``array.ctypes.data``; the files and the capsule reader are _dlpack_support's.
+"""
+from __future__ import annotations
+
+import gc
+import subprocess
+import sys
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import tensorlist as tl
+from tensorlist.dlpack import DLPackExport
+
+from _dlpack_support import (COLUMNS, K_DL_BFLOAT, K_DL_FLOAT, READ_ONLY, Capsule, capsule_info, cells, save_files,
+                             view)
+
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    return save_files(tmp_path_factory.mktemp("dlpack"))
+
+
+# --- the protocol, with numpy alone --------------------------------------------------------------
+
+class TestProtocol:
+    def test_a_numpy_consumer_aliases_and_keeps_read_only(self, files):
+        for mode in (True, "copy"):
+            a = view(files, mode, True, "float32")
+            got = np.from_dlpack(tl.to_dlpack(a))
+            assert got.ctypes.data == a.ctypes.data
+            assert got.flags.writeable == (mode == "copy")
+            np.testing.assert_array_equal(got, np.arange(64, dtype=np.float32))
+
+    def test_a_versioned_capsule_flags_a_read_onlyview(self, files):
+        for mode in (True, "copy"):
+            a = view(files, mode, True, "float32")
+            info = capsule_info(tl.to_dlpack(a).__dlpack__(max_version=(1, 0)))
+            assert info["name"] == "dltensor_versioned" and info["data"] == a.ctypes.data
+            assert bool(info["flags"] & READ_ONLY) == (mode is True)
+            assert (info["code"], info["bits"]) == (K_DL_FLOAT, 32)
+
+    def test_a_legacy_consumer_is_refused_a_read_only_view_naming_the_way_out(self, files):
+        e = tl.to_dlpack(view(files, True, True, "float32"))
+        with pytest.raises(BufferError, match=r'legacy DLPack capsule.*read-only.*load it with mmap="copy"'):
+            e.__dlpack__()
+        with pytest.raises(BufferError, match=r"to_dlpack\(array, copy=True\)"):
+            e.__dlpack__(max_version=(0, 8))  # a consumer that announces a pre-1.0 version is legacy too
+
+    def test_a_legacy_consumer_gets_a_writable_view_itself(self, files):
+        a = view(files, "copy", True, "float32")
+        info = capsule_info(tl.to_dlpack(a).__dlpack__())
+        assert info["name"] == "dltensor" and info["data"] == a.ctypes.data
+
+    def test_copy_true_exports_one_aligned_private_copy_only_when_needed(self, files):
+        a = view(files, True, False, "float32")  # read-only, not 64-byte aligned
+        e = tl.to_dlpack(a, copy=True)
+        capsule = e.__dlpack__()
+        info = capsule_info(capsule)
+        assert info["data"] != a.ctypes.data and info["data"] % 64 == 0
+        got = np.from_dlpack(Capsule(capsule))
+        np.testing.assert_array_equal(got, a)
+        # a versioned consumer still gets the view itself, flagged
+        assert capsule_info(e.__dlpack__(max_version=(1, 0)))["data"] == a.ctypes.data
+
+    def test_a_consumer_asking_for_a_copy_gets_one(self, files):
+        a = view(files, True, True, "float32")
+        info = capsule_info(tl.to_dlpack(a).__dlpack__(max_version=(1, 0), copy=True))
+        assert info["data"] != a.ctypes.data and not info["flags"] & READ_ONLY
+
+    @pytest.mark.parametrize("dtype,code,bits", [("bfloat16", K_DL_BFLOAT, 16), ("float8_e4m3fn", 10, 8),
+                                                 ("float8_e5m2", 12, 8)])
+    def test_bfloat16_and_float8_are_the_same_bytes_retyped(self, files, dtype, code, bits):
+        for mode in (True, "copy"):
+            a = view(files, mode, True, dtype)
+            info = capsule_info(tl.to_dlpack(a).__dlpack__(max_version=(1, 0)))
+            assert (info["code"], info["bits"], info["data"]) == (code, bits, a.ctypes.data)
+            assert bool(info["flags"] & READ_ONLY) == (mode is True)
+            assert info["version"] >= ((1, 1) if code > K_DL_BFLOAT else (1, 0))  # float8 codes are DLPack 1.1's
+        legacy = capsule_info(tl.to_dlpack(a).__dlpack__())
+        assert (legacy["name"], legacy["code"], legacy["data"]) == ("dltensor", code, a.ctypes.data)
+        assert a.dtype == getattr(ml_dtypes, dtype)  # the array itself is untouched
+
+    def test_the_export_keeps_the_mapping_alive(self, files):
+        e = tl.to_dlpack(tl.load(files[True], mmap="copy")["float32"])
+        capsule = e.__dlpack__()
+        del e
+        gc.collect()
+        got = np.from_dlpack(Capsule(capsule))
+        np.testing.assert_array_equal(got, np.arange(64, dtype=np.float32))
+
+    def test_device_and_repr(self, files):
+        e = tl.to_dlpack(view(files, True, True, "bfloat16"))
+        assert e.__dlpack_device__() == (1, 0)
+        assert repr(e) == "<tensorlist.DLPackExport bfloat16[64], read-only>"
+        assert isinstance(e, DLPackExport) and e.array.dtype == ml_dtypes.bfloat16
+
+    def test_bad_arguments(self, files):
+        with pytest.raises(TypeError, match="to_dlpack takes a numpy array, not list"):
+            tl.to_dlpack([1.0])
+        with pytest.raises(TypeError, match="copy must be a bool, not str"):
+            tl.to_dlpack(np.ones(2), copy="yes")
+        with pytest.raises(BufferError, match=r"cannot export to device \(2, 0\): the array is on the CPU"):
+            tl.to_dlpack(view(files, "copy", True, "float32")).__dlpack__(dl_device=(2, 0))
+
+
+# --- what each framework does (docs/FRAMEWORKS.md, "DLPack and zero-copy") -----------------------
+
+#: how -> dtype ("*": any other) -> outcome per column (mmap, 64-byte aligned). "refuses" means the call
+#: raises; every other call is checked by pointer equality.
+TABLE = {
+    "jnp.from_dlpack(tl.to_dlpack(a))": {"*": ["refuses", "refuses", "aliases", "copies"]},
+    "jax.device_put(a)": {"*": ["aliases", "copies", "aliases", "copies"]},
+    "jnp.asarray(a)": {"*": ["copies"] * 4},
+    "jnp.array(a)": {"*": ["copies"] * 4},
+    "jnp.from_dlpack(a)": {"float32": ["refuses", "refuses", "aliases", "copies"], "*": ["refuses"] * 4},
+    "torch.from_dlpack(tl.to_dlpack(a))": {"*": ["aliases"] * 4},
+    "mx.array(tl.to_dlpack(a))": {"*": ["copies"] * 4, "float8_e4m3fn": ["refuses"] * 4},
+    "mx.from_dlpack(tl.to_dlpack(a))": {"*": ["copies"] * 4, "float8_e4m3fn": ["refuses"] * 4},
+    "mx.array(a)": {"*": ["copies"] * 4, "float8_e4m3fn": ["refuses"] * 4},
+}
+FRAMEWORK = {"jnp": "jax", "jax": "jax", "torch": "torch", "mx": "mlx.core"}
+
+
+def _convert(how: str, a):
+    name = FRAMEWORK[how.split(".")[0]]
+    mod = pytest.importorskip(name, reason=f"the {name} rows of the DLPack table need {name.split('.')[0]} "
+                              "(pip install 'tensorlist[test]')")
+    if name == "jax":
+        jnp = pytest.importorskip("jax.numpy", reason="jax without jax.numpy")
+        x = {"jnp.from_dlpack(tl.to_dlpack(a))": lambda: jnp.from_dlpack(tl.to_dlpack(a)),
+             "jax.device_put(a)": lambda: mod.device_put(a),
+             "jnp.asarray(a)": lambda: jnp.asarray(a),
+             "jnp.array(a)": lambda: jnp.array(a),
+             "jnp.from_dlpack(a)": lambda: jnp.from_dlpack(a)}[how]()
+        return x.unsafe_buffer_pointer()
+    if name == "torch":
+        return mod.from_dlpack(tl.to_dlpack(a)).data_ptr()
+    x = {"mx.array(tl.to_dlpack(a))": lambda: mod.array(tl.to_dlpack(a)),
+         "mx.from_dlpack(tl.to_dlpack(a))": lambda: mod.from_dlpack(tl.to_dlpack(a)),
+         "mx.array(a)": lambda: mod.array(a)}[how]()
+    return capsule_info(x.__dlpack__())["data"]
+
+
+@pytest.mark.parametrize("how,column,dtype,want", list(cells(TABLE)))
+def test_the_framework_table(files, how, column, dtype, want):
+    mode, aligned = COLUMNS[column]
+    a = view(files, mode, aligned, dtype)
+    if want == "refuses":
+        with pytest.raises(Exception) as e:
+            _convert(how, a)
+        if how == "jnp.from_dlpack(tl.to_dlpack(a))":  # ours, naming the way out
+            assert e.type is BufferError and 'mmap="copy"' in str(e.value)
+        return
+    got = _convert(how, a)
+    assert (got == a.ctypes.data) == (want == "aliases"), (how, mode, aligned, dtype)
+
+
+def test_a_jax_array_over_a_copy_view_sees_numpy_writes(files):
+    """Aliasing for real: JAX assumes immutability, the copy-on-write pages are this process's to change."""
+    jnp = pytest.importorskip("jax.numpy", reason="needs jax (pip install 'tensorlist[test]')")
+    a = tl.load(files[True], mmap="copy")["float32"]
+    x = jnp.from_dlpack(tl.to_dlpack(a))
+    a[0] = 42
+    assert float(x[0]) == 42.0
+    assert tl.load(files[True])["float32"][0] == 0  # and the file never changed
+
+
+@pytest.mark.slow
+def test_torch_writing_a_tensor_over_read_only_pages_kills_the_process(tmp_path):
+    """torch ignores DLPack's READ_ONLY flag: the reason the docs say mmap="copy" for torch."""
+    pytest.importorskip("torch", reason="the torch row of the DLPack table needs torch")
+    script = ("import numpy as np, sys, torch, tensorlist as tl\n"
+              "tl.save(sys.argv[1], {'a': np.ones(4, np.float32)})\n"
+              "t = torch.from_dlpack(tl.to_dlpack(tl.load(sys.argv[1])['a']))\n"
+              "assert not t.is_inference()\n"
+              "t[0] = 5\n")
+    out = subprocess.run([sys.executable, "-c", script, str(tmp_path / "t.tl")], capture_output=True, timeout=120)
+    assert out.returncode < 0, "torch now honours READ_ONLY: update docs/FRAMEWORKS.md's torch row"
