@@ -89,3 +89,30 @@ def test_bench_crc_quick_runs_every_path_and_prints_ratios(tmp_path):
     result = json.loads(out_json.read_text())
     assert set(result["gb_per_s"]) >= set(names) | {"auto"}
     assert all(rate > 0 for rates in result["gb_per_s"].values() for rate in rates.values())
+
+
+def test_bench_frameworks_quick_runs_every_row_and_prints_ratios(tmp_path):
+    """The framework benchmark's smoke mode (8 MiB, one run): every group, contender and target row is printed."""
+    pytest.importorskip("jax", reason="the framework benchmark's JAX rows need jax (pip install 'tensorlist[jax]')")
+    out_json = tmp_path / "frameworks.json"
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "bench", "bench_frameworks.py"), "--quick", "--quiet", "--dir",
+         str(tmp_path), "--json", str(out_json)],
+        capture_output=True, text=True, timeout=600, cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    for row in ("-- JAX load", "-- JAX save", "-- MLX load", "-- TensorFlow load", "tensorlist.jax.load",
+                "safetensors.flax.load_file", "flax msgpack_restore(file bytes) + device_put",
+                "orbax StandardCheckpointer.restore(abstract)", "tensorlist.jax.save(durable=False)",
+                "safetensors.flax.save_file", "flax msgpack_serialize + write", "orbax StandardCheckpointer.save",
+                "tensorlist.mlx.load", "safetensors.mlx.load_file", "tensorlist.tensorflow.load",
+                "safetensors.tensorflow.load_file", "=== targets",
+                "JAX load >= 5x safetensors.flax.load_file", "JAX save >= 1x safetensors.flax.save_file"):
+        assert row in out, out
+    assert re.search(r"JAX load >= 5x safetensors\.flax\.load_file +\d+\.\d\d +\d+\.\d\d +5\.0 +(yes|NO) +tensorlist is", out), out
+    summary = json.loads(out_json.read_text())
+    assert {"JAX load", "JAX save"} <= set(summary["groups"])
+    jax_load = {r["key"]: r for r in summary["groups"]["JAX load"]}
+    assert jax_load["tl"]["median_s"] > 0 and jax_load["tl"]["ratio_vs_ref"] == 1.0
+    assert not [p for p in os.listdir(tmp_path) if p.startswith("tensorlist-fwbench-")]
