@@ -57,3 +57,21 @@ def test_api_tour_runs(tmp_path, monkeypatch, capsys):
     assert list(namespace["everything"]) == ["epoch", "model", "optimizer"]
     assert namespace["opt"]["0"].shape == (3,)
     assert (tmp_path / "x.lamp.data").stat().st_size == 32
+
+
+def test_frameworks_tour_runs(tmp_path, monkeypatch):
+    """The README's framework block, as a newcomer would paste it (JAX, Orbax, DLPack, MLX, TensorFlow)."""
+    import pytest
+
+    for name in ("jax", "orbax.checkpoint", "mlx.core", "tensorflow"):
+        pytest.importorskip(name, reason=f"the README's framework tour needs {name} (the test extra installs it)")
+    monkeypatch.chdir(tmp_path)
+    code = README.split("## Frameworks: JAX, Orbax, MLX, TensorFlow, DLPack", 1)[1]
+    code = re.findall(r"```python\n(.*?)```", code, flags=re.S)[0]
+    namespace = {}
+    exec(compile(code, "README.md", "exec"), namespace)
+    assert str(namespace["params"]["dense"]["kernel"].dtype) == "bfloat16"
+    assert namespace["params"]["blocks"][1] is None
+    assert float(namespace["x"].sum()) == 8.0 and namespace["state"]["w"][0, 0] == np.float32(0.5)
+    assert tl.load("model.tl")["w"][0, 0] == np.float32(1.0)  # the copy-on-write writes never reached the file
+    assert namespace["k"].shape == (4, 4) and str(namespace["w"].dtype) == "mlx.core.bfloat16"
