@@ -41,6 +41,7 @@ transformers only where they are used. See docs/LOOPS.md ("Hugging Face").
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import math
 import os
@@ -54,6 +55,7 @@ from . import reader, writer
 from ._commit import atomic_file
 from ._jsonio import dumps, from_tagged, loads_strict, to_tagged
 from .errors import FormatError
+from .format import Limits, read_json_file
 from .loops.state import rng_state, set_rng_state
 from .record import (
     TrainingRecorder, build_training_record, optimizer_record, read_training_record, save_model_file, weights_sha256,
@@ -62,7 +64,7 @@ from .torch import load_module_state, load_optimizer_state, load_state as load_t
 
 __all__ = [
     "STATE_FORMAT", "save_state", "load_state", "save_state_file", "read_state_file", "refuse_pickles",
-    "export_pretrained", "TensorListTrainer", "trainer_record",
+    "export_pretrained", "TensorListTrainer", "trainer_record", "last_checkpoint",
 ]
 
 #: Version marker of the small state files (scheduler, sampler, scaler, RNG, custom objects).
@@ -70,6 +72,11 @@ STATE_FORMAT = "tensorlist.hf-state/1"
 
 #: File names the stock savers write with pickle (torch.save): a directory holding one is refused.
 PICKLE_NAME = re.compile(r"\.(bin|pkl|pt|pth)\Z")
+
+#: The manifest :func:`save_state` commits last: each descriptor's SHA-256, so a save killed midway
+#: (or files of two saves mixed in one directory) is refused on load instead of resuming a mixture.
+MANIFEST_FILE = "tensorlist_state.json"
+MANIFEST_FORMAT = "tensorlist.hf-accelerate-state/1"
 
 #: The Trainer's descriptor names inside ``checkpoint-N/``.
 MODEL_FILE, OPTIMIZER_FILE, SCHEDULER_FILE, SCALER_FILE = "model.json", "optimizer.json", "scheduler.json", "scaler.json"
@@ -251,6 +258,12 @@ def save_state(accelerator, output_dir, *, training=None, dataset_params: Option
     plain values) and each process's RNG states with ``accelerator.step``.
     The accelerator's save pre-hooks run first, as in ``save_state``.
 
+    Each file is replaced atomically and the manifest (``tensorlist_state.json``,
+    every descriptor's SHA-256) is committed last, so :func:`load_state`
+    refuses a save cut short, or files of two saves mixed. Save each
+    checkpoint into a new directory (as accelerate's automatic naming does)
+    to keep the previous one loadable while the next is written.
+
     Args:
         accelerator: an ``accelerate.Accelerator`` after ``prepare``.
         output_dir: the checkpoint directory (made if needed).
@@ -272,35 +285,86 @@ def save_state(accelerator, output_dir, *, training=None, dataset_params: Option
     output_dir = os.fspath(output_dir)
     os.makedirs(output_dir, exist_ok=True)
     main = accelerator.is_main_process
+    if main and os.path.exists(os.path.join(output_dir, MANIFEST_FILE)):
+        # a save into an earlier save's directory replaces its files one by one: without the old
+        # manifest, a load while (or after) this save is cut short is refused as incomplete
+        os.remove(os.path.join(output_dir, MANIFEST_FILE))
     models = accelerator._models
     weights = [accelerator.get_state_dict(m, unwrap=True) for m in models]
     for hook in accelerator._save_model_state_pre_hook.values():
         hook(models, weights, output_dir)
+    written: List[str] = []
+
+    def at(name: str) -> str:
+        written.append(name)
+        return os.path.join(output_dir, name)
+
     if main:
         for i, state in enumerate(weights):
             model = accelerator.unwrap_model(models[i]) if i < len(models) else None
             record, data = _accelerate_record(accelerator, model, training, dataset_params)
-            path = os.path.join(output_dir, _numbered("model", i))
+            path = at(_numbered("model", i))
             if record is None:
                 writer.save(path, {k: v.detach() for k, v in state.items()})
             else:
                 save_model_file(path, state, training=record, dataset_params=data)
         for i, opt in enumerate(accelerator._optimizers):
-            save_optimizer_state(os.path.join(output_dir, _numbered("optimizer", i)), opt)
+            save_optimizer_state(at(_numbered("optimizer", i)), opt)
         for i, sched in enumerate(accelerator._schedulers):
-            save_state_file(os.path.join(output_dir, _numbered("scheduler", i)), "scheduler", sched.state_dict())
+            save_state_file(at(_numbered("scheduler", i)), "scheduler", sched.state_dict())
         for i, loader in enumerate(accelerator._dataloaders):
             state = _loader_state(loader)
             if state:
-                save_state_file(os.path.join(output_dir, _numbered("sampler", i)), "sampler", state)
+                save_state_file(at(_numbered("sampler", i)), "sampler", state)
         if accelerator.scaler is not None:
-            save_state_file(os.path.join(output_dir, "scaler.json"), "scaler", accelerator.scaler.state_dict())
+            save_state_file(at("scaler.json"), "scaler", accelerator.scaler.state_dict())
         for i, obj in enumerate(accelerator._custom_objects):
-            save_state_file(os.path.join(output_dir, f"custom_checkpoint_{i}.json"), "custom", obj.state_dict())
+            save_state_file(at(f"custom_checkpoint_{i}.json"), "custom", obj.state_dict())
     _save_rng(os.path.join(output_dir, f"random_states_{accelerator.process_index}.json"), step=int(accelerator.step))
+    accelerator.wait_for_everyone()
+    if main:  # last, once every process has written its RNG states
+        written += [f"random_states_{r}.json" for r in range(accelerator.num_processes)]
+        _write_manifest(output_dir, written)
     accelerator.project_configuration.iteration += 1
     accelerator.wait_for_everyone()
     return output_dir
+
+
+def _sha256_of(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def _write_manifest(output_dir: str, names: List[str]) -> None:
+    files = {n: _sha256_of(os.path.join(output_dir, n)) for n in names}
+    doc = {"format": MANIFEST_FORMAT, "files": files}
+    with atomic_file(os.path.join(output_dir, MANIFEST_FILE)) as tmp:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(dumps(doc) + "\n")
+
+
+def _read_manifest(input_dir: str) -> Mapping:
+    path = os.path.join(input_dir, MANIFEST_FILE)
+    if not os.path.exists(path):
+        raise FormatError(f"no {MANIFEST_FILE}: not a complete tensorlist.huggingface.save_state "
+                          "(a save killed midway leaves none)", file=input_dir)
+    doc = read_json_file(path, Limits())
+    if not isinstance(doc, Mapping) or doc.get("format") != MANIFEST_FORMAT or not isinstance(doc.get("files"), Mapping):
+        raise FormatError(f"not a {MANIFEST_FORMAT!r} manifest", file=path, field="format")
+    return doc["files"]
+
+
+def _checked(input_dir: str, files: Mapping, name: str) -> str:
+    """The path of descriptor ``name``, once its bytes are those the manifest lists."""
+    path = os.path.join(input_dir, name)
+    if name not in files:
+        raise FileNotFoundError(f"{path}: not part of the saved state ({MANIFEST_FILE} does not list it)")
+    if not os.path.exists(path):
+        raise FormatError(f"listed in {MANIFEST_FILE} but missing", file=path)
+    if _sha256_of(path) != files[name]:
+        raise FormatError(f"is not the file {MANIFEST_FILE} lists (rewritten by a later save killed midway, "
+                          "or copied from another checkpoint)", file=path)
+    return path
 
 
 def _loader_state(loader) -> dict:
@@ -321,9 +385,11 @@ def load_state(accelerator, input_dir, *, strict: bool = True) -> None:
 
     Raises:
         FormatError: the directory holds pickles (a stock ``save_state``; the
-            message says how to convert it), or a file is truncated, lies
-            about its contents or is of another kind (naming the file).
-        FileNotFoundError: a file for a prepared object is missing.
+            message says how to convert it); it has no manifest (a save
+            killed midway) or a descriptor is not the one the manifest lists
+            (files of two saves mixed); or a file is truncated, lies about
+            its contents or is of another kind (naming the file).
+        FileNotFoundError: no file for a prepared object was saved.
         KeyError, ValueError: a model or optimizer state does not fit
             (``strict=False`` loads what matches in the models).
     """
@@ -332,33 +398,34 @@ def load_state(accelerator, input_dir, *, strict: bool = True) -> None:
     if not os.path.isdir(input_dir):
         raise FileNotFoundError(f"{input_dir}: no such checkpoint directory")
     refuse_pickles(input_dir, how=_ACCELERATE_HOW)
+    files = _read_manifest(input_dir)
     models = list(accelerator._models)
     for hook in accelerator._load_model_state_pre_hook.values():
         hook(models, input_dir)
-    paths = []
-    for i, model in enumerate(models):
-        path = os.path.join(input_dir, _numbered("model", i))
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"{path}: no state for model {i}")
-        paths.append((path, accelerator.unwrap_model(model)))
-    for path, model in paths:
+    # every path checked against the manifest before anything is loaded
+    model_paths = [(_checked(input_dir, files, _numbered("model", i)), accelerator.unwrap_model(m))
+                   for i, m in enumerate(models)]
+    opt_paths = [(_checked(input_dir, files, _numbered("optimizer", i)), o) for i, o in enumerate(accelerator._optimizers)]
+    sched_paths = [(_checked(input_dir, files, _numbered("scheduler", i)), s) for i, s in enumerate(accelerator._schedulers)]
+    loader_paths = [(_checked(input_dir, files, _numbered("sampler", i)), d)
+                    for i, d in enumerate(accelerator._dataloaders) if _numbered("sampler", i) in files]
+    custom_paths = [(_checked(input_dir, files, f"custom_checkpoint_{i}.json"), o)
+                    for i, o in enumerate(accelerator._custom_objects)]
+    scaler_path = None if accelerator.scaler is None else _checked(input_dir, files, "scaler.json")
+    rng_path = _checked(input_dir, files, f"random_states_{accelerator.process_index}.json")
+    for path, model in model_paths:
         load_module_state(path, model, strict=strict)
-    for i, opt in enumerate(accelerator._optimizers):
-        path = os.path.join(input_dir, _numbered("optimizer", i))
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"{path}: no state for optimizer {i}")
+    for path, opt in opt_paths:
         load_optimizer_state(path, opt)
-    for i, sched in enumerate(accelerator._schedulers):
-        sched.load_state_dict(read_state_file(os.path.join(input_dir, _numbered("scheduler", i)), "scheduler"))
-    for i, loader in enumerate(accelerator._dataloaders):
-        path = os.path.join(input_dir, _numbered("sampler", i))
-        if os.path.exists(path):
-            _set_loader_state(loader, read_state_file(path, "sampler"))
-    if accelerator.scaler is not None:
-        accelerator.scaler.load_state_dict(read_state_file(os.path.join(input_dir, "scaler.json"), "scaler"))
-    for i, obj in enumerate(accelerator._custom_objects):
-        obj.load_state_dict(read_state_file(os.path.join(input_dir, f"custom_checkpoint_{i}.json"), "custom"))
-    meta = _load_rng(os.path.join(input_dir, f"random_states_{accelerator.process_index}.json"))
+    for path, sched in sched_paths:
+        sched.load_state_dict(read_state_file(path, "scheduler"))
+    for path, loader in loader_paths:
+        _set_loader_state(loader, read_state_file(path, "sampler"))
+    if scaler_path is not None:
+        accelerator.scaler.load_state_dict(read_state_file(scaler_path, "scaler"))
+    for path, obj in custom_paths:
+        obj.load_state_dict(read_state_file(path, "custom"))
+    meta = _load_rng(rng_path)
     if isinstance(meta.get("step"), int):
         accelerator.step = meta["step"]
 
@@ -452,6 +519,33 @@ def trainer_record(trainer, kind: str = "final"):
     )
 
 
+_CHECKPOINT_DIR = re.compile(r"checkpoint-([0-9]{1,18})\Z")
+
+
+def last_checkpoint(output_dir) -> Optional[str]:
+    """The newest complete ``checkpoint-N`` in ``output_dir`` (what ``resume_from_checkpoint=True`` takes).
+
+    Complete: its ``trainer_state.json``, which the Trainer writes last,
+    parses, and its ``model.json`` exists; a checkpoint whose save was cut
+    short is passed over (the stock ``get_last_checkpoint`` takes it).
+    """
+    output_dir = os.fspath(output_dir)
+    found = []
+    for name in os.listdir(output_dir):
+        m = _CHECKPOINT_DIR.match(name)
+        if m and os.path.isdir(os.path.join(output_dir, name)):
+            found.append((int(m.group(1)), name))
+    for _, name in sorted(found, reverse=True):
+        path = os.path.join(output_dir, name)
+        try:
+            read_json_file(os.path.join(path, "trainer_state.json"), Limits())
+        except (OSError, FormatError):
+            continue
+        if os.path.isfile(os.path.join(path, MODEL_FILE)):
+            return path
+    return None
+
+
 @functools.lru_cache(maxsize=None)
 def _trainer_class():
     import transformers
@@ -460,7 +554,8 @@ def _trainer_class():
         """A ``transformers.Trainer`` whose checkpoints are tensorlist files with the training record.
 
         Use it as the Trainer; resume with ``train(resume_from_checkpoint=...)``
-        (a path, or True for the last ``checkpoint-N`` in ``output_dir``).
+        (a path, or True for the last complete ``checkpoint-N`` in
+        ``output_dir``: :func:`last_checkpoint`).
 
         Args:
             dataset_params: the data record of every model file (default:
@@ -483,10 +578,8 @@ def _trainer_class():
 
         # ---- what the record starts from
         def train(self, resume_from_checkpoint=None, trial=None, **kwargs):
-            from transformers.trainer_utils import get_last_checkpoint
-
             if resume_from_checkpoint is True:
-                resume_from_checkpoint = get_last_checkpoint(self.args.output_dir)
+                resume_from_checkpoint = last_checkpoint(self.args.output_dir)
                 if resume_from_checkpoint is None:
                     raise ValueError(f"No valid checkpoint found in output directory ({self.args.output_dir})")
             if resume_from_checkpoint:

@@ -136,7 +136,7 @@ def test_accelerate_save_writes_no_pickle_and_loads_back(tmp_path):
     hf.save_state(acc, tmp_path / "ckpt", dataset_params={"name": "sums"})
     names = sorted(n for n in os.listdir(tmp_path / "ckpt") if n.endswith(".json"))
     assert names == ["custom_checkpoint_0.json", "model.json", "optimizer.json", "random_states_0.json",
-                     "scheduler.json"]
+                     "scheduler.json", "tensorlist_state.json"]
     assert not _pickle_files(tmp_path / "ckpt")
     want = {k: v.clone() for k, v in acc.unwrap_model(model).state_dict().items()}
     acc2, counter2, model2, opt2, loader2, sched2 = _accelerate_run(seed=7)
@@ -200,11 +200,24 @@ def test_accelerate_truncated_model_file_names_it(tmp_path):
         hf.load_state(acc2, ckpt)
 
 
+def _reseal(directory, name):
+    """Lists ``name``'s new bytes in the manifest, as one who rewrites a checkpoint would."""
+    import hashlib
+
+    manifest = directory / hf.MANIFEST_FILE
+    doc = json.loads(manifest.read_text())
+    doc["files"][name] = hashlib.sha256((directory / name).read_bytes()).hexdigest()
+    manifest.write_text(json.dumps(doc))
+
+
 def test_accelerate_lying_optimizer_file_names_it(tmp_path):
     ckpt, (acc2, *_) = _saved(tmp_path)
     doc = json.loads((ckpt / "optimizer.json").read_text())
     doc["tensors"][1]["dims"] = [4096]  # more than the data file holds
     (ckpt / "optimizer.json").write_text(json.dumps(doc))
+    with pytest.raises(FormatError, match=r"optimizer\.json.*not the file tensorlist_state\.json lists"):
+        hf.load_state(acc2, ckpt)
+    _reseal(ckpt, "optimizer.json")
     with pytest.raises(FormatError, match=r"optimizer\.json"):
         hf.load_state(acc2, ckpt)
 
@@ -212,8 +225,43 @@ def test_accelerate_lying_optimizer_file_names_it(tmp_path):
 def test_accelerate_rng_file_of_another_kind_names_it(tmp_path):
     ckpt, (acc2, *_) = _saved(tmp_path)
     hf.save_state_file(ckpt / "random_states_0.json", "scheduler", {})
+    _reseal(ckpt, "random_states_0.json")
     with pytest.raises(FormatError, match=r"random_states_0\.json.*expected 'rng'"):
         hf.load_state(acc2, ckpt)
+
+
+def test_accelerate_save_killed_midway_is_refused_and_the_previous_one_loads(tmp_path, monkeypatch):
+    acc, counter, model, opt, loader, sched = _accelerate_run()
+    hf.save_state(acc, tmp_path / "one")
+    _epoch(acc, counter, model, opt, loader, sched)
+    hf.save_state(acc, tmp_path / "two")
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt("killed")
+
+    monkeypatch.setattr(hf, "save_optimizer_state", killed)  # after model.json, before the rest
+    for directory in ("two", "three"):  # into the last save's directory, and into a new one
+        with pytest.raises(KeyboardInterrupt):
+            hf.save_state(acc, tmp_path / directory)
+    monkeypatch.undo()
+    acc2, counter2, model2, *_ = _accelerate_run(seed=4)
+    for directory in ("two", "three"):
+        with pytest.raises(FormatError, match=r"no tensorlist_state\.json: not a complete"):
+            hf.load_state(acc2, tmp_path / directory)
+    hf.load_state(acc2, tmp_path / "one")
+    assert counter2.seen == 0
+
+
+def test_accelerate_files_of_two_saves_mixed_are_refused(tmp_path):
+    acc, counter, model, opt, loader, sched = _accelerate_run()
+    hf.save_state(acc, tmp_path / "one")
+    _epoch(acc, counter, model, opt, loader, sched)
+    hf.save_state(acc, tmp_path / "two")
+    for name in os.listdir(tmp_path / "one"):
+        if name.startswith("optimizer.json"):
+            (tmp_path / "two" / name).write_bytes((tmp_path / "one" / name).read_bytes())
+    with pytest.raises(FormatError, match=r"two.optimizer\.json.*not the file tensorlist_state\.json lists"):
+        hf.load_state(acc, tmp_path / "two")
 
 
 def test_accelerate_model_file_carries_a_record_that_the_cli_reads(tmp_path, capsys):
@@ -289,8 +337,14 @@ def test_trainer_checkpoints_are_tensorlist_and_resume_bit_exactly(tmp_path):
         resumed = _trainer(tmp_path / "run")
         resumed.train(resume_from_checkpoint=os.fspath(tmp_path / "run" / f"checkpoint-{step}"))
         assert _losses(resumed, after=step) == uninterrupted[step:]
+    cut_short = tmp_path / "run" / "checkpoint-9"  # a save killed before trainer_state.json
+    cut_short.mkdir()
+    for name in os.listdir(tmp_path / "run" / "checkpoint-8"):
+        if name.startswith("model.json"):
+            (cut_short / name).write_bytes((tmp_path / "run" / "checkpoint-8" / name).read_bytes())
+    assert hf.last_checkpoint(tmp_path / "run") == os.fspath(tmp_path / "run" / "checkpoint-8")
     last = _trainer(tmp_path / "run")
-    last.train(resume_from_checkpoint=True)  # the last checkpoint-N: checkpoint-8, nothing left to run
+    last.train(resume_from_checkpoint=True)  # the last complete one: checkpoint-8, nothing left to run
     assert last.state.global_step == 8
 
 
