@@ -113,12 +113,13 @@ def refuse_pickles(directory, *, how: str = _TRAINER_HOW) -> None:
                           file=directory)
 
 
-def save_state_file(path, kind: str, state: Any, **metadata) -> None:
-    """Saves a state that is plain values (a scheduler's, a sampler's, a scaler's) as a tensorlist file.
+def save_state_file(path, kind: str, state: Any, *, tensors: Optional[Mapping] = None, **metadata) -> None:
+    """Saves a state of plain values (a scheduler's, a sampler's, a scaler's) as a tensorlist file.
 
     The state goes into the metadata as tagged JSON (tuples, non-finite
     floats and non-str keys kept); a tensor in it is refused (TypeError,
-    naming where), since these states hold numbers only.
+    naming where): pass the tensors a state needs (a generator's state) as
+    ``tensors``, a name -> tensor mapping saved as the file's TensorList.
 
     Example:
         >>> import tempfile, os
@@ -128,7 +129,7 @@ def save_state_file(path, kind: str, state: Any, **metadata) -> None:
         {'last_epoch': 3, 'base_lrs': [0.1]}
     """
     meta = {"format": STATE_FORMAT, "kind": kind, "state": to_tagged(state, kind), **metadata}
-    writer.save(path, {}, metadata=meta)
+    writer.save(path, dict(tensors or {}), metadata=meta)
 
 
 def _state_metadata(path, kind: str) -> Mapping:
@@ -146,9 +147,16 @@ def _state_metadata(path, kind: str) -> Mapping:
     return meta
 
 
-def read_state_file(path, kind: str) -> Any:
-    """The state :func:`save_state_file` wrote (FormatError naming the file when it is another kind)."""
-    return from_tagged(_state_metadata(path, kind)["state"])
+def read_state_file(path, kind: str, *, with_tensors: bool = False) -> Any:
+    """The state :func:`save_state_file` wrote (FormatError naming the file when it is another kind).
+
+    With ``with_tensors``: ``(state, tensors)``, the tensors as torch tensors
+    in private memory.
+    """
+    state = from_tagged(_state_metadata(path, kind)["state"])
+    if not with_tensors:
+        return state
+    return state, load_tensors(path, mmap=False)
 
 
 def _save_rng(path, **extra) -> None:
@@ -313,9 +321,9 @@ def save_state(accelerator, output_dir, *, training=None, dataset_params: Option
         for i, sched in enumerate(accelerator._schedulers):
             save_state_file(at(_numbered("scheduler", i)), "scheduler", sched.state_dict())
         for i, loader in enumerate(accelerator._dataloaders):
-            state = _loader_state(loader)
-            if state:
-                save_state_file(at(_numbered("sampler", i)), "sampler", state)
+            state, tensors = _loader_state(loader)
+            if state or tensors:
+                save_state_file(at(_numbered("sampler", i)), "sampler", state, tensors=tensors)
         if accelerator.scaler is not None:
             save_state_file(at("scaler.json"), "scaler", accelerator.scaler.state_dict())
         for i, obj in enumerate(accelerator._custom_objects):
@@ -367,17 +375,25 @@ def _checked(input_dir: str, files: Mapping, name: str) -> str:
     return path
 
 
-def _loader_state(loader) -> dict:
-    """What accelerate pickles of a loader: a SeedableRandomSampler's epoch and seed, a stateful loader's state."""
+def _loader_state(loader):
+    """(state, tensors) of a loader: what accelerate pickles (a SeedableRandomSampler's epoch and seed, a
+    stateful loader's state) and the generator its shards draw the order from, which accelerate does not save.
+
+    On several processes ``prepare`` gives a shuffling sampler a generator of its own, seeded from torch's
+    global one, and each epoch's order comes from it: a resumed run needs its state to draw the same order.
+    """
     from accelerate.data_loader import SeedableRandomSampler
 
-    state = {}
+    state, tensors = {}, {}
     sampler = loader.get_sampler() if hasattr(loader, "get_sampler") else None
     if isinstance(sampler, SeedableRandomSampler):
         state["seedable_sampler"] = {"epoch": int(sampler.epoch), "initial_seed": int(sampler.initial_seed)}
     if getattr(loader, "use_stateful_dataloader", False):
         state["dataloader"] = loader.state_dict()
-    return state
+    generator = getattr(loader, "synchronized_generator", None)
+    if isinstance(generator, torch.Generator) and not isinstance(sampler, SeedableRandomSampler):
+        tensors["generator"] = generator.get_state()
+    return state, tensors
 
 
 def load_state(accelerator, input_dir, *, strict: bool = True) -> None:
@@ -420,7 +436,7 @@ def load_state(accelerator, input_dir, *, strict: bool = True) -> None:
     for path, sched in sched_paths:
         sched.load_state_dict(read_state_file(path, "scheduler"))
     for path, loader in loader_paths:
-        _set_loader_state(loader, read_state_file(path, "sampler"))
+        _set_loader_state(loader, *read_state_file(path, "sampler", with_tensors=True))
     if scaler_path is not None:
         accelerator.scaler.load_state_dict(read_state_file(scaler_path, "scaler"))
     for path, obj in custom_paths:
@@ -430,7 +446,10 @@ def load_state(accelerator, input_dir, *, strict: bool = True) -> None:
         accelerator.step = meta["step"]
 
 
-def _set_loader_state(loader, state: Mapping) -> None:
+def _set_loader_state(loader, state: Mapping, tensors: Mapping) -> None:
+    generator = getattr(loader, "synchronized_generator", None)
+    if "generator" in tensors and isinstance(generator, torch.Generator):
+        generator.set_state(tensors["generator"])
     seedable = state.get("seedable_sampler")
     sampler = loader.get_sampler() if hasattr(loader, "get_sampler") else None
     if seedable is not None and sampler is not None:

@@ -428,3 +428,19 @@ def test_a_lambda_schedule_is_recorded_by_name_with_a_warning(tmp_path):
     sched.scheduler.lr_lambdas = [lambda step: 1.0]
     with pytest.warns(RecordWarning, match="lambda"):
         hf.save_state(acc, tmp_path / "ckpt")
+
+
+@pytest.mark.slow
+def test_accelerate_ddp_two_processes_resume_bit_exactly(tmp_path):
+    import _ranks
+
+    script = os.path.join(os.path.dirname(__file__), "_hf_ddp_script.py")
+    _ranks.run_script(script, "save", 2, tmp_path, timeout=120)
+    assert sorted(n for n in os.listdir(tmp_path / "ckpt") if n.startswith("random_states_")
+                  and n.endswith(".json")) == ["random_states_0.json", "random_states_1.json"]
+    assert not _pickle_files(tmp_path / "ckpt")
+    _ranks.run_script(script, "resume", 2, tmp_path, timeout=120)
+    for rank in range(2):
+        full = json.loads((tmp_path / f"full_{rank}.json").read_text())
+        assert len(full) == 4  # 32 samples, 2 ranks, batches of 4
+        assert json.loads((tmp_path / f"resumed_{rank}.json").read_text()) == full
