@@ -84,9 +84,9 @@ TRAINING_ARGS_FILE = "training_args.json"
 
 _ACCELERATE_HOW = ("convert it once, only if you trust it: `accelerator.load_state(dir)` (which unpickles), then "
                    "`tensorlist.huggingface.save_state(accelerator, new_dir)`")
-_TRAINER_HOW = ("convert it once, only if you trust it: resume it with the stock `transformers.Trainer` (which "
-                "unpickles) and save with `TensorListTrainer` (`trainer.train(resume_from_checkpoint=dir)` then "
-                "`trainer._save_checkpoint(trainer.model, None)`), or start from its `model.safetensors`")
+_TRAINER_HOW = ("convert it once, only if you trust it: `TensorListTrainer(...).convert_stock_checkpoint(dir, "
+                "new_dir)` (reads the pickles with torch.load(weights_only=True), as the stock Trainer does), then "
+                "resume from new_dir")
 
 _log = logging.getLogger("tensorlist.huggingface")
 
@@ -710,6 +710,57 @@ def _trainer_class():
                 _log.info("%s: no RNG state; the resumed run is not reproducible", path)
                 return
             _load_rng(path)
+
+        def convert_stock_checkpoint(self, checkpoint, output_dir) -> str:
+            """Rewrites a stock ``checkpoint-N`` (pickles) as this class's, for a checkpoint you trust.
+
+            The one place anything is unpickled, and only when called: the
+            stock Trainer's own loaders read ``optimizer.pt``, ``scheduler.pt``
+            and ``rng_state.pth`` (``torch.load(weights_only=True)``) into this
+            trainer's model, a new optimizer and scheduler, and the RNG states
+            are captured and then put back as they were. ``training_args.bin``
+            is never read (this trainer's arguments are written as
+            ``training_args.json``); other files but pickles and the weights
+            (``trainer_state.json``, tokenizer files) are copied. Resuming from
+            ``output_dir`` then continues the stock run.
+
+            Returns:
+                ``output_dir``.
+            """
+            from transformers.trainer_callback import TrainerState
+
+            base = transformers.Trainer
+            checkpoint, output_dir = os.fspath(checkpoint), os.fspath(output_dir)
+            self._check_plain()
+            self.state = TrainerState.load_from_json(os.path.join(checkpoint, "trainer_state.json"))
+            self._tensorlist_start = {"initial_weights_sha256": None}
+            base._load_from_checkpoint(self, checkpoint)
+            self.optimizer, self.lr_scheduler = None, None
+            self.create_optimizer_and_scheduler(num_training_steps=self.state.max_steps)
+            base._load_optimizer_and_scheduler(self, checkpoint)
+            base._load_scaler(self, checkpoint)
+            saved_rng = rng_state()
+            self._tensorlist_kind = "checkpoint"
+            try:
+                base._load_rng_state(self, checkpoint)
+                os.makedirs(output_dir, exist_ok=True)
+                self._save(output_dir)
+                self._save_optimizer_and_scheduler(output_dir)
+                self._save_scaler(output_dir)
+                self._save_rng_state(output_dir)
+            finally:
+                set_rng_state(*saved_rng)
+                self._tensorlist_kind = "final"
+                self.optimizer, self.lr_scheduler = None, None
+                self._tensorlist_start = {}
+            written = set(os.listdir(output_dir))
+            for name in sorted(os.listdir(checkpoint)):
+                src = os.path.join(checkpoint, name)
+                if (name in written or PICKLE_NAME.search(name) or name.startswith(("model.safetensors", "model-"))
+                        or not os.path.isfile(src)):
+                    continue
+                shutil.copyfile(src, os.path.join(output_dir, name))
+            return output_dir
 
         def _load_best_model(self):
             best = self.state.best_model_checkpoint

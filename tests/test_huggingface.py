@@ -408,8 +408,27 @@ def test_trainer_stock_checkpoint_is_refused_never_unpickled(tmp_path, monkeypat
     monkeypatch.setattr(torch, "load", no_unpickling)
     monkeypatch.setattr(pickle, "load", no_unpickling)
     trainer = _trainer(tmp_path / "stock", steps=3)
-    with pytest.raises(FormatError, match=r"optimizer\.pt.*never unpickles.*TensorListTrainer"):
+    with pytest.raises(FormatError, match=r"optimizer\.pt.*never unpickles.*convert_stock_checkpoint"):
         trainer.train(resume_from_checkpoint=ckpt)
+
+
+@pytest.mark.slow
+def test_trainer_converted_stock_checkpoint_continues_the_stock_run(tmp_path):
+    import transformers
+
+    stock = _trainer(tmp_path / "stock", cls=transformers.Trainer)
+    stock.train()
+    converted = tmp_path / "converted" / "checkpoint-3"
+    converter = _trainer(tmp_path / "converted")
+    before = torch.get_rng_state()
+    converter.convert_stock_checkpoint(tmp_path / "stock" / "checkpoint-3", converted)
+    assert torch.equal(torch.get_rng_state(), before)  # the caller's RNG states are put back
+    assert not _pickle_files(converted)
+    assert (converted / "trainer_state.json").exists() and (converted / "training_args.json").exists()
+    assert verify_model_file(converted / "model.json")["initial_weights_sha256"] is None  # not known
+    resumed = _trainer(tmp_path / "converted")
+    resumed.train(resume_from_checkpoint=os.fspath(converted))
+    assert _losses(resumed, after=3) == _losses(stock)[3:]
 
 
 @pytest.mark.slow
@@ -444,3 +463,14 @@ def test_accelerate_ddp_two_processes_resume_bit_exactly(tmp_path):
         full = json.loads((tmp_path / f"full_{rank}.json").read_text())
         assert len(full) == 4  # 32 samples, 2 ranks, batches of 4
         assert json.loads((tmp_path / f"resumed_{rank}.json").read_text()) == full
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("descriptor", ["model.json", "optimizer.json", "rng_state.json"])
+def test_trainer_truncated_checkpoint_file_names_it_on_resume(tmp_path, descriptor):
+    _trainer(tmp_path / "run", steps=3).train()
+    ckpt = tmp_path / "run" / "checkpoint-3"
+    data = _data_file(ckpt, descriptor)
+    data.write_bytes(data.read_bytes()[:-8])
+    with pytest.raises(FormatError, match=descriptor.replace(".", r"\.")):
+        _trainer(tmp_path / "run", steps=6).train(resume_from_checkpoint=os.fspath(ckpt))
