@@ -11,8 +11,9 @@ saying how to convert it.
 Accelerate (:func:`save_state`, :func:`load_state`) writes, in one directory,
 accelerate's own file names with ``.json`` descriptors: ``model.json``
 (``model_<i>.json`` for more models), ``optimizer.json``, ``scheduler.json``,
-``sampler.json``, ``scaler.json``, ``custom_checkpoint_<i>.json`` and one
-``random_states_<rank>.json`` per process. They are functions taking the
+``sampler.json``, ``scaler.json``, ``custom_checkpoint_<i>.json``, one
+``random_states_<rank>.json`` per process and, last, the manifest
+``tensorlist_state.json`` (each descriptor's SHA-256). They are functions taking the
 accelerator, not the ``register_save_state_pre_hook`` hooks: a save pre-hook
 sees only ``(models, weights, output_dir)``, so it can keep the model files
 from being written but not the optimizers', schedulers' and samplers' (written
@@ -31,7 +32,9 @@ made on first use) writes ``checkpoint-N/`` as ``model.json``,
 ``training_args.bin``) and the Trainer's own ``trainer_state.json``, and
 resumes from it through ``trainer.train(resume_from_checkpoint=...)``. The
 weights are exported for ``from_pretrained`` by :func:`export_pretrained` (or
-``export_safetensors=True``, which writes ``model.safetensors`` beside).
+``export_safetensors=True``, which writes ``model.safetensors`` beside). A
+trusted stock checkpoint is rewritten by ``convert_stock_checkpoint``, the one
+call that unpickles (the stock loaders, ``torch.load(weights_only=True)``).
 
 Only single-device and DDP runs are handled: FSDP, DeepSpeed, Megatron-LM,
 XLA and SageMaker saves raise NotImplementedError (sharded state belongs to

@@ -474,3 +474,19 @@ def test_trainer_truncated_checkpoint_file_names_it_on_resume(tmp_path, descript
     data.write_bytes(data.read_bytes()[:-8])
     with pytest.raises(FormatError, match=descriptor.replace(".", r"\.")):
         _trainer(tmp_path / "run", steps=6).train(resume_from_checkpoint=os.fspath(ckpt))
+
+
+@pytest.mark.slow
+def test_trainer_ddp_two_processes_resume_bit_exactly(tmp_path):
+    import _ranks
+
+    pytest.importorskip("transformers", reason="the Trainer tests need transformers")
+    script = os.path.join(os.path.dirname(__file__), "_hf_trainer_ddp_script.py")
+    _ranks.run_script(script, "full", 2, tmp_path, timeout=180)
+    ckpt = tmp_path / "run" / "checkpoint-3"
+    assert {"rng_state_0.json", "rng_state_1.json", "model.json", "optimizer.json"} <= set(os.listdir(ckpt))
+    assert not _pickle_files(tmp_path / "run")
+    _ranks.run_script(script, "resume", 2, tmp_path, timeout=180)
+    full = json.loads((tmp_path / "full.json").read_text())
+    assert len(full) == 8
+    assert json.loads((tmp_path / "resume.json").read_text()) == full[3:]
