@@ -5,6 +5,16 @@ that import torch are not collected for ``--doctest-modules``, so every other
 doctest and test still runs; their tests in ``tests/`` skip with a reason.
 """
 import importlib.util
+import sys
+
+# torch's CUDA wheels (the registry's torch on every Python but 3.11 here) bring triton, and TensorFlow
+# bundles its own LLVM: once tensorflow is imported (collecting tests/test_tensorflow.py does), torch's
+# first import of triton (torch.optim -> torch._dynamo -> triton) kills the process with a segfault
+# (TensorFlow 2.21, torch 2.13.0 CUDA wheel, Python 3.12). No test uses triton (every test runs on
+# the CPU), so the suite hides it from torch where both are installed; docs/FRAMEWORKS.md says what a
+# program that imports both should do.
+if importlib.util.find_spec("tensorflow") is not None and importlib.util.find_spec("triton") is not None:
+    sys.modules.setdefault("triton", None)  # `import triton` then raises ImportError: torch runs without it
 
 collect_ignore = []
 if importlib.util.find_spec("torch") is None:
