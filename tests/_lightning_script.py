@@ -1,6 +1,6 @@
 """A tiny Lightning run for tests/test_lightning.py: in-process (``fit``) or as a script (DDP, sharded strategies).
 
-As a script: ``python lightning_fit.py STRATEGY OUT_DIR EPOCHS [CKPT_PATH]`` fits on CPU with 2 processes
+As a script: ``python _lightning_script.py STRATEGY OUT_DIR EPOCHS [CKPT_PATH]`` fits on CPU with 2 processes
 (``ddp`` or ``model_parallel``), checkpointing through tensorlist, and rank 0 writes ``OUT_DIR/losses.json``
 (the per-step losses of rank 0) and ``OUT_DIR/checkpoints.json`` (the checkpoint paths written).
 """
