@@ -10,3 +10,5 @@ collect_ignore = []
 if importlib.util.find_spec("torch") is None:
     collect_ignore += ["tensorlist/torch.py", "tensorlist/_torch_bridge.py", "tensorlist/_staging.py",
                        "tensorlist/nn.py", "tensorlist/dcp.py", "tensorlist/loops"]
+if importlib.util.find_spec("lightning") is None:  # tensorlist.lightning needs lightning (and torch)
+    collect_ignore += ["tensorlist/lightning.py"]

@@ -407,6 +407,10 @@ class TensorListFSDPStrategy(_TensorListSharded, FSDPStrategy):
 
     As :class:`TensorListModelParallelStrategy`: DCP's shards in
     ``tensorlist.dcp``'s layout and ``meta.json`` in place of ``meta.pt``.
+    FSDP1 refuses CPU in torch 2.13 ("FSDP needs a non-CPU accelerator
+    device"), so this class is exercised only where there is an accelerator;
+    its save is the one ModelParallel's tests cover, its load mirrors
+    Lightning's own ``FSDPStrategy.load_checkpoint`` with the reader swapped.
     """
 
     _model_key = "model"
