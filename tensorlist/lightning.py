@@ -519,17 +519,24 @@ class TrainingRecordCallback(Callback):
 
     Args:
         dataset_params: the training data's record (default ``{"name": None}``).
-        validation_key: a logged metric to record as each epoch's validation value.
+        validation_key: a logged metric (e.g. ``"val_loss"``) to record as each
+            epoch's validation value, when the Trainer validates.
+        validation_dataset_params: the validation data's record.
     """
 
-    def __init__(self, *, dataset_params: Optional[Mapping] = None, validation_key: Optional[str] = None) -> None:
+    def __init__(self, *, dataset_params: Optional[Mapping] = None, validation_key: Optional[str] = None,
+                 validation_dataset_params: Optional[Mapping] = None) -> None:
         self.dataset_params = dict(dataset_params) if dataset_params is not None else {"name": None}
         validate_dataset_params(self.dataset_params, field_prefix="dataset_params")
+        self.validation_dataset_params = None if validation_dataset_params is None else dict(validation_dataset_params)
+        if self.validation_dataset_params is not None:
+            validate_dataset_params(self.validation_dataset_params, field_prefix="validation.dataset_params")
         self.validation_key = validation_key
         self.recorder: Optional[TrainingRecorder] = None
         self._restored: Optional[Mapping] = None
         self._losses: List[float] = []
         self._rate: Any = None
+        self._closed: Optional[int] = None  # the last epoch recorded (trainer.current_epoch)
 
     @property
     def state_key(self) -> str:
@@ -545,13 +552,26 @@ class TrainingRecordCallback(Callback):
         self.recorder = TrainingRecorder(
             _hashable(pl_module), optimizer, train_loader=trainer.train_dataloader, epochs=int(trainer.max_epochs or 0),
             scheduler=scheduler, scheduler_step=step, seed=None if seed is None else int(seed),
-            initial_weights={"from": "random_state"}, solver="lightning.pytorch.Trainer",
+            initial_weights={"from": "random_state"}, validation=self._validation(trainer),
+            solver="lightning.pytorch.Trainer",
             solver_params={"max_epochs": trainer.max_epochs, "max_steps": trainer.max_steps,
                            "accumulate_grad_batches": trainer.accumulate_grad_batches,
                            "strategy": type(trainer.strategy).__name__, "world_size": trainer.world_size,
                            "lightning_module": f"{type(pl_module).__module__}.{type(pl_module).__qualname__}"})
         if self._restored is not None:
             self.recorder.resume(self._restored)
+
+    def _validation(self, trainer) -> Optional[dict]:
+        """The record's validation section, when a metric is recorded and the Trainer validates."""
+        loaders = trainer.val_dataloaders
+        if self.validation_key is None or loaders is None or trainer.limit_val_batches == 0:
+            return None
+        if isinstance(loaders, (list, tuple)):
+            loaders = loaders[0] if len(loaders) == 1 else None
+        every = trainer.check_val_every_n_epoch
+        return {"dataset_params": self.validation_dataset_params,
+                "function": type(trainer.lightning_module).validation_step,  # the metric's computation
+                "loader": loaders if hasattr(loaders, "sampler") else None, "every": every if every else 1}
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         # the epoch's rates, read before an epoch scheduler steps (Lightning steps it before on_train_epoch_end)
@@ -563,15 +583,25 @@ class TrainingRecordCallback(Callback):
         if value is not None:
             self._losses.append(value)
 
-    def on_train_epoch_end(self, trainer, pl_module) -> None:
-        if self.recorder is None:
+    def _close_epoch(self, trainer) -> None:
+        if self.recorder is None or self._closed == trainer.current_epoch:
             return
+        self._closed = trainer.current_epoch
         loss = float(np.mean(self._losses)) if self._losses else None
         self._losses = []
         value = None
         if self.validation_key is not None and self.validation_key in trainer.callback_metrics:
             value = float(trainer.callback_metrics[self.validation_key])
         self.recorder.epoch_done(loss, validation=value, learning_rate=self._rate)
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        # the validation after an epoch's last batch: ModelCheckpoint saves next (it runs last), so the
+        # epoch is closed here, with its validation value, for that checkpoint's record
+        if not trainer.sanity_checking and trainer.training and trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
+            self._close_epoch(trainer)
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        self._close_epoch(trainer)
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: Dict[str, Any]) -> None:
         if self.recorder is not None:

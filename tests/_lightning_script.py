@@ -41,6 +41,10 @@ class Tiny(pl.LightningModule):
         x, y = batch
         return torch.nn.functional.mse_loss(self.net(x), y)
 
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_loss", torch.nn.functional.mse_loss(self.net(x), y))
+
     def configure_optimizers(self):
         opt = torch.optim.Adam(self.parameters(), lr=0.05, betas=(0.9, 0.99))
         return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)}
@@ -62,7 +66,8 @@ def loader():
     return DataLoader(TensorDataset(x, x.sum(1, keepdim=True).sin()), batch_size=BATCH, shuffle=False)
 
 
-def fit(out_dir, epochs, *, ckpt_path=None, strategy="auto", devices=1, plugins=None, sharded=False, seed=7):
+def fit(out_dir, epochs, *, ckpt_path=None, strategy="auto", devices=1, plugins=None, sharded=False, seed=7,
+        validate=False):
     """One run; returns (losses, model checkpoint callback, trainer)."""
     torch.set_num_threads(1)
     pl.seed_everything(seed, verbose=False)
@@ -70,10 +75,11 @@ def fit(out_dir, epochs, *, ckpt_path=None, strategy="auto", devices=1, plugins=
     ckpt = ModelCheckpoint(dirpath=os.fspath(out_dir), every_n_epochs=1, save_top_k=-1)
     trainer = pl.Trainer(max_epochs=epochs, accelerator="cpu", devices=devices, strategy=strategy,
                          plugins=plugins if plugins is not None else [TensorListCheckpointIO()],
-                         callbacks=[losses, TrainingRecordCallback(dataset_params={"name": "tiny-sine"}), ckpt],
+                         callbacks=[losses, TrainingRecordCallback(dataset_params={"name": "tiny-sine"}, validation_key="val_loss"), ckpt],
                          enable_progress_bar=False, logger=False, enable_model_summary=False,
                          num_sanity_val_steps=0)
-    trainer.fit(Tiny(sharded=sharded), train_dataloaders=loader(), ckpt_path=ckpt_path)
+    trainer.fit(Tiny(sharded=sharded), train_dataloaders=loader(), val_dataloaders=loader() if validate else None,
+                ckpt_path=ckpt_path)
     return losses.losses, ckpt, trainer
 
 

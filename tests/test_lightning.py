@@ -215,6 +215,17 @@ def test_fit_with_async_checkpoint_io(tmp_path, fit):
     assert ckpt["epoch"] == 1 and ckpt["training"]["epochs"]["done"] == 2
 
 
+@pytest.mark.slow
+def test_fit_with_validation_records_each_epoch_value(tmp_path, fit):
+    fit(tmp_path, 2, validate=True)
+    record = read_training_record(tmp_path / "epoch=1-step=8.ckpt")  # saved after validation, inside the epoch
+    assert record["epochs"]["done"] == 2
+    values = record["history"]["validation"]
+    assert len(values) == 2 and all(isinstance(v, float) for v in values)
+    assert values == read_training_record(tmp_path / "epoch=1-step=8.ckpt")["history"]["validation"]
+    assert read_training_record(tmp_path / "epoch=0-step=4.ckpt")["history"]["validation"] == values[:1]
+
+
 def _script(strategy, out, epochs, ckpt=None):
     out.mkdir()
     env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -225,10 +236,12 @@ def _script(strategy, out, epochs, ckpt=None):
 
 
 @pytest.mark.slow
-def test_ddp_two_processes(tmp_path, capsys):
-    losses = _script("ddp", tmp_path / "ddp", 2)
-    assert len(losses) == 4  # 16 samples, batch 4, 2 ranks: 2 steps an epoch
-    last = tmp_path / "ddp" / "epoch=1-step=4.ckpt"
+def test_ddp_two_processes_resume_is_bit_exact(tmp_path, capsys):
+    losses = _script("ddp", tmp_path / "ddp", 3)
+    assert len(losses) == 6  # 16 samples, batch 4, 2 ranks: 2 steps an epoch
+    resumed = _script("ddp", tmp_path / "resumed", 3, tmp_path / "ddp" / "epoch=0-step=2.ckpt")
+    assert resumed == losses[2:]
+    last = tmp_path / "resumed" / "epoch=2-step=6.ckpt"
     ckpt = TensorListCheckpointIO().load_checkpoint(last)
     assert set(ckpt["state_dict"]) == {"net.0.weight", "net.0.bias", "net.2.weight", "net.2.bias"}
     assert "solver: lightning.pytorch.Trainer" in _record_cli(last, capsys)
