@@ -26,8 +26,10 @@ Three pieces, each for ``lightning.pytorch.Trainer``:
   refused, never unpickled; :func:`convert_checkpoint` converts one you trust.
 - :class:`TensorListModelParallelStrategy` (and :class:`TensorListFSDPStrategy`)
   send the sharded save through ``TensorListWriter``/``TensorListReader``
-  and write rank 0's non-tensor state as the JSON document ``meta.json``
-  (the same layout) in place of the pickled ``meta.pt``.
+  and write rank 0's non-tensor state as a JSON document (the same layout)
+  in place of the pickled ``meta.pt``: ``meta.<token>.json``, named by the
+  save's DCP entry ``tensorlist_meta`` (so a killed save never pairs shards
+  with another save's state), and its copy ``meta.json`` for readers.
 - :class:`TrainingRecordCallback` fills the training record (optimizer,
   parameter groups, schedule, seed from ``PL_GLOBAL_SEED``, initial weights'
   hash, epochs, per-epoch losses) and puts it into every checkpoint:
@@ -50,6 +52,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import shutil
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional
@@ -64,18 +67,23 @@ from . import reader, writer
 from ._jsonio import from_tagged, to_tagged
 from ._torch_bridge import from_numpy
 from .dcp import TensorListReader, TensorListWriter
-from .errors import FormatError
-from ._commit import own_locations
+from .errors import FormatError, short_repr
+from ._commit import new_token, own_locations
 from .format import open_regular, read_json_file
 from .record import TrainingRecorder, read_training_record, validate_dataset_params, weights_sha256
 
 __all__ = [
     "TensorListCheckpointIO", "TensorListModelParallelStrategy", "TensorListFSDPStrategy",
-    "TrainingRecordCallback", "convert_checkpoint", "encode_checkpoint", "decode_checkpoint", "META_NAME",
+    "TrainingRecordCallback", "convert_checkpoint", "encode_checkpoint", "decode_checkpoint", "META_NAME", "META_KEY",
 ]
 
 #: The JSON document a sharded checkpoint directory holds in place of Lightning's pickled ``meta.pt``.
 META_NAME = "meta.json"
+#: One save's meta document (``token``: ``_commit.new_token``), named by the DCP entry :data:`META_KEY`.
+META_PATTERN = "meta.{token}.json"
+_META_RE = re.compile(r"meta\.[0-9a-f]{8}\.json")
+#: The DCP state-dict entry of a sharded save naming its meta document.
+META_KEY = "tensorlist_meta"
 #: Lightning's pickled metadata file, refused on load.
 PICKLED_META_NAME = "meta.pt"
 #: The tags of this module's values (one-key objects; ``to_tagged`` escapes a caller's dict of that shape).
@@ -347,21 +355,55 @@ class _TensorListSharded:
         path.mkdir(parents=True, exist_ok=True)
         import torch.distributed.checkpoint as dcp
 
-        state = _sharded_state(checkpoint, self._model_key)
+        # this save's meta document is written before DCP commits the save that names it, and the older
+        # ones are removed only after: a save killed at any point leaves a consistent checkpoint (the old
+        # one when it overwrote a directory in place), and meta.json, a copy for readers, is the newest
+        name = META_PATTERN.format(token=self.broadcast(new_token()))  # type: ignore[attr-defined]
+        rank0 = self.global_rank == 0  # type: ignore[attr-defined]
+        state = _sharded_state(checkpoint, self._model_key)  # what is left in checkpoint is the meta
+        state[META_KEY] = name
+        if rank0:
+            _save_document(os.fspath(path / name), checkpoint, self.allow_pickle, self.encode)
         dcp.save(state, storage_writer=TensorListWriter(path))
-        if self.global_rank == 0:  # type: ignore[attr-defined]
+        if rank0:
             _save_document(os.fspath(path / META_NAME), checkpoint, self.allow_pickle, self.encode)
+            io = TensorListCheckpointIO()
+            for old in os.listdir(path):
+                if old != name and _META_RE.fullmatch(old):
+                    io.remove_checkpoint(path / old)
         self.barrier()  # type: ignore[attr-defined]
 
     def _load_meta(self, path: Path) -> Dict[str, Any]:
-        meta = path / META_NAME
-        if (path / PICKLED_META_NAME).exists() and not meta.exists():
+        """The meta document the committed DCP save names (``META_KEY``)."""
+        if (path / PICKLED_META_NAME).exists() and not (path / META_NAME).exists():
             raise FormatError(f"is a stock Lightning sharded checkpoint ({PICKLED_META_NAME} is a pickle, not read); "
                               "convert it with tensorlist.lightning.convert_checkpoint(src, dst) from a trusted copy",
                               file=os.fspath(path))
-        if not meta.is_file():
-            raise FormatError(f"has no {META_NAME}: not a complete tensorlist Lightning checkpoint", file=os.fspath(path))
-        return _load_document(meta, None, self.allow_pickle)
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException
+
+        try:  # DCP would say "metadata is None"; the reader's own error names the file
+            TensorListReader(path).read_metadata()
+        except FileNotFoundError as e:
+            raise FormatError(f"holds no committed save (one killed before its commit?): {e}",
+                              file=os.fspath(path)) from e
+        entry = {META_KEY: ""}
+        try:
+            dcp.load(entry, storage_reader=TensorListReader(path))
+        except CheckpointException as e:  # a BaseException: every rank's failures, gathered
+            failures = getattr(e, "failures", {})
+            first = next(iter(failures.values()), e) if isinstance(failures, dict) else e
+            if isinstance(first, tuple) and first:  # DCP's (exception, traceback) pair
+                first = first[0]
+            if isinstance(first, FormatError):
+                raise first from e  # a shard or the metadata broke a rule: naming its file
+            raise FormatError(f"is not a tensorlist Lightning checkpoint: no {META_KEY!r} entry naming its meta "
+                              f"document ({short_repr(str(first))})", file=os.fspath(path)) from e
+        name = entry[META_KEY]
+        if not isinstance(name, str) or not _META_RE.fullmatch(name):
+            raise FormatError(f"entry {META_KEY!r} must name a meta document {META_PATTERN!r}, got {short_repr(name)}",
+                              file=os.fspath(path))
+        return _load_document(path / name, None, self.allow_pickle)
 
 
 class TensorListModelParallelStrategy(_TensorListSharded, ModelParallelStrategy):

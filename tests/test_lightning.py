@@ -169,6 +169,58 @@ def test_sharded_stock_meta_pt_refused(tmp_path):
         strategy._load_meta(tmp_path)
 
 
+def test_sharded_save_killed_in_place_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from tensorlist.dcp import TensorListReader, TensorListWriter
+
+    strategy, path = TensorListModelParallelStrategy(), tmp_path / "last.ckpt"  # one process, no process group
+
+    def save(epoch):
+        strategy.save_checkpoint({"state_dict": {"w": torch.full((2,), float(epoch))}, "optimizer_states": [],
+                                  "epoch": epoch}, path)
+
+    save(0)
+    assert strategy._load_meta(path) == {"epoch": 0}  # the tensors are DCP's, not the meta's
+
+    def killed(self, *args, **kwargs):
+        raise OSError("killed before the DCP commit")
+
+    monkeypatch.setattr(TensorListWriter, "finish", killed)
+    with pytest.raises(CheckpointException, match="killed before the DCP commit"):
+        save(1)  # its meta document was written, its shards too: nothing names them
+    monkeypatch.undo()
+    assert strategy._load_meta(path) == {"epoch": 0}
+    state = {"state_dict": {"w": torch.empty(2)}}
+    dcp.load(state, storage_reader=TensorListReader(path))
+    assert state["state_dict"]["w"].tolist() == [0.0, 0.0]
+    save(2)
+    assert strategy._load_meta(path) == {"epoch": 2}
+    assert TensorListCheckpointIO().load_checkpoint(path / META_NAME) == {"epoch": 2}
+    assert len([n for n in os.listdir(path) if n.startswith("meta.") and n.endswith(".json")]) == 2  # + meta.json
+
+
+def test_sharded_directory_not_ours_uncommitted_or_truncated(tmp_path):
+    import torch.distributed.checkpoint as dcp
+    from tensorlist.dcp import TensorListWriter
+
+    strategy = TensorListModelParallelStrategy()
+    (tmp_path / "killed").mkdir()
+    with pytest.raises(FormatError, match=r"killed: holds no committed save"):
+        strategy._load_meta(tmp_path / "killed")
+    dcp.save({"w": torch.ones(2)}, storage_writer=TensorListWriter(tmp_path / "plain"))
+    with pytest.raises(FormatError, match=r"plain: is not a tensorlist Lightning checkpoint: no 'tensorlist_meta'"):
+        strategy._load_meta(tmp_path / "plain")
+    path = tmp_path / "ckpt"
+    strategy.save_checkpoint({"state_dict": {"w": torch.ones(1024)}, "optimizer_states": [], "epoch": 0}, path)
+    for name in os.listdir(path):
+        if name.endswith(".data") and not name.startswith("meta"):
+            (path / name).write_bytes((path / name).read_bytes()[:64])
+    with pytest.raises(FormatError, match=r"ckpt/0\.[0-9a-f]+\.tl"):
+        strategy._load_meta(path)
+
+
 # --- real Trainer.fit runs -------------------------------------------------------------------------
 
 
