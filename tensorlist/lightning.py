@@ -214,7 +214,12 @@ def decode_checkpoint(doc: Any, *, map_location=None, allow_pickle: bool = False
             return [walk(x, f"{at}/{i}") for i, x in enumerate(v)]
         return v
 
-    return from_tagged(walk(doc, ""))
+    walked = walk(doc, "")
+    try:
+        return from_tagged(walked)
+    except (TypeError, ValueError) as e:  # a tag a writer of this module never makes
+        raise FormatError(f"holds a tagged JSON value that does not read back ({short_repr(str(e))})",
+                          file=file) from e
 
 
 def _refuse_pickle(path: str) -> None:
@@ -308,11 +313,16 @@ class TensorListCheckpointIO(CheckpointIO):
         return _load_document(path, map_location, self.allow_pickle)
 
     def remove_checkpoint(self, path) -> None:
-        """Removes the checkpoint: its descriptor first (at once, by one unlink), then its data file."""
+        """Removes the checkpoint: its descriptor first (at once, by one unlink), then its data file.
+
+        A sharded checkpoint's directory loses its meta documents first (it no
+        longer loads), then the rest.
+        """
         path = os.fspath(path)
-        if os.path.isdir(path) and not os.path.islink(path):  # a sharded checkpoint: its meta first
-            if os.path.exists(os.path.join(path, META_NAME)):
-                self.remove_checkpoint(os.path.join(path, META_NAME))
+        if os.path.isdir(path) and not os.path.islink(path):  # a sharded checkpoint: its meta documents first
+            for name in sorted(os.listdir(path)):
+                if name == META_NAME or _META_RE.fullmatch(name):
+                    self.remove_checkpoint(os.path.join(path, name))
             shutil.rmtree(path)
             return
         if not os.path.lexists(path):

@@ -120,6 +120,9 @@ def test_truncated_or_lying_checkpoint_names_the_file(tmp_path):
     path.write_text('{"state_dict": {"__tensor__": {"0": 1}}}')
     with pytest.raises(FormatError, match=r"c\.ckpt.*__tensor__ value must be a TensorList"):
         TensorListCheckpointIO().load_checkpoint(path)
+    path.write_text('{"epoch": {"__float__": [1]}}')  # a tag no writer makes
+    with pytest.raises(FormatError, match=r"c\.ckpt.*tagged JSON value that does not read back"):
+        TensorListCheckpointIO().load_checkpoint(path)
 
 
 def test_crash_mid_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
@@ -199,6 +202,8 @@ def test_sharded_save_killed_in_place_keeps_the_previous_checkpoint(tmp_path, mo
     assert strategy._load_meta(path) == {"epoch": 2}
     assert TensorListCheckpointIO().load_checkpoint(path / META_NAME) == {"epoch": 2}
     assert len([n for n in os.listdir(path) if n.startswith("meta.") and n.endswith(".json")]) == 2  # + meta.json
+    TensorListCheckpointIO().remove_checkpoint(path)
+    assert not path.exists()
 
 
 def test_sharded_directory_not_ours_uncommitted_or_truncated(tmp_path):
