@@ -20,8 +20,8 @@ pytest.importorskip("lightning", reason="tensorlist.lightning needs lightning (p
 
 import tensorlist as tl  # noqa: E402
 from tensorlist.errors import FormatError  # noqa: E402
-from tensorlist.lightning import (META_NAME, TensorListCheckpointIO, TensorListModelParallelStrategy,  # noqa: E402
-                                  convert_checkpoint)
+from tensorlist.lightning import (META_NAME, TensorListCheckpointIO, TensorListFSDPStrategy,  # noqa: E402
+                                  TensorListModelParallelStrategy, convert_checkpoint)
 from tensorlist.record import read_training_record, weights_sha256  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -172,13 +172,23 @@ def test_sharded_stock_meta_pt_refused(tmp_path):
         strategy._load_meta(tmp_path)
 
 
-def test_sharded_save_killed_in_place_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+#: DCP in one process without a process group says so on every save and load: expected here.
+ONE_PROCESS = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
+
+
+@ONE_PROCESS
+@pytest.mark.parametrize("make", [TensorListModelParallelStrategy,
+                                  lambda: TensorListFSDPStrategy(state_dict_type="sharded")],
+                         ids=["model_parallel", "fsdp"])
+def test_sharded_save_killed_in_place_keeps_the_previous_checkpoint(tmp_path, monkeypatch, make):
+    """The save path of both strategies, in one process (FSDP1 itself needs an accelerator in torch 2.13)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 
     from tensorlist.dcp import TensorListReader, TensorListWriter
 
-    strategy, path = TensorListModelParallelStrategy(), tmp_path / "last.ckpt"  # one process, no process group
+    strategy, path = make(), tmp_path / "last.ckpt"  # one process, no process group
+    key = strategy._model_key  # "state_dict" (ModelParallel) or "model" (FSDP), as Lightning names them
 
     def save(epoch):
         strategy.save_checkpoint({"state_dict": {"w": torch.full((2,), float(epoch))}, "optimizer_states": [],
@@ -195,9 +205,9 @@ def test_sharded_save_killed_in_place_keeps_the_previous_checkpoint(tmp_path, mo
         save(1)  # its meta document was written, its shards too: nothing names them
     monkeypatch.undo()
     assert strategy._load_meta(path) == {"epoch": 0}
-    state = {"state_dict": {"w": torch.empty(2)}}
+    state = {key: {"w": torch.empty(2)}}
     dcp.load(state, storage_reader=TensorListReader(path))
-    assert state["state_dict"]["w"].tolist() == [0.0, 0.0]
+    assert state[key]["w"].tolist() == [0.0, 0.0]
     save(2)
     assert strategy._load_meta(path) == {"epoch": 2}
     assert TensorListCheckpointIO().load_checkpoint(path / META_NAME) == {"epoch": 2}
@@ -206,6 +216,7 @@ def test_sharded_save_killed_in_place_keeps_the_previous_checkpoint(tmp_path, mo
     assert not path.exists()
 
 
+@ONE_PROCESS
 def test_sharded_directory_not_ours_uncommitted_or_truncated(tmp_path):
     import torch.distributed.checkpoint as dcp
     from tensorlist.dcp import TensorListWriter
