@@ -29,3 +29,5 @@ if importlib.util.find_spec("jax") is None:
 # The Orbax adapter imports orbax-checkpoint (and jax): its doctests need both.
 if importlib.util.find_spec("orbax") is None or importlib.util.find_spec("jax") is None:
     collect_ignore += ["tensorlist/orbax.py"]
+if importlib.util.find_spec("lightning") is None:  # tensorlist.lightning needs lightning (and torch)
+    collect_ignore += ["tensorlist/lightning.py"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 from .errors import FormatError, short_repr as short
 
@@ -354,14 +354,27 @@ def walk(doc: Any, pointer: str = "") -> Iterator[Tuple[str, Any]]:
 _TAGS = ("__float__", "__tuple__", "__dict__")
 
 
-def to_tagged(value: Any, where: str = "value") -> Any:
+def _tag_like(key: Any) -> bool:
+    """Whether a one-key object's key could be read as a tag: any ``"__name__"`` (ours and an adapter's)."""
+    return isinstance(key, str) and len(key) > 4 and key.startswith("__") and key.endswith("__")
+
+
+def to_tagged(value: Any, where: str = "value", leaf: Optional[Callable[[Any, str], Any]] = None) -> Any:
     """``value`` as strict JSON, with tags for tuples, non-finite floats and non-str keys.
 
-    Iterative (no recursion limit to hit on deep input).
+    Iterative (no recursion limit to hit on deep input). A dict whose one key
+    looks like a tag (``"__name__"``) is written in the ``__dict__`` form, so
+    an adapter's own tags (``leaf``) never meet a caller's dict of that shape.
+
+    Args:
+        value: the value.
+        where: how messages name the value (keys are appended: ``where.key[0]``).
+        leaf: called as ``leaf(v, where)`` for a value of any other type; its
+            result is placed as it is (not walked). None: such a value is refused.
 
     Raises:
         TypeError: a value that is none of None, bool, int, float, str, list,
-            tuple and dict (naming where it is).
+            tuple and dict (naming where it is), when ``leaf`` is None.
     """
     root: List[Any] = [None]
     stack: List[Tuple[Any, str, Any, Any]] = [(value, where, root, 0)]
@@ -379,7 +392,7 @@ def to_tagged(value: Any, where: str = "value") -> Any:
             for i, x in enumerate(v):
                 stack.append((x, f"{at}[{i}]", items, i))
         elif isinstance(v, dict):
-            if all(isinstance(k, str) for k in v) and not (len(v) == 1 and next(iter(v)) in _TAGS):
+            if all(isinstance(k, str) for k in v) and not (len(v) == 1 and _tag_like(next(iter(v)))):
                 out = {}
                 for k, x in v.items():
                     out[k] = None
@@ -392,6 +405,8 @@ def to_tagged(value: Any, where: str = "value") -> Any:
                     pairs.append(pair)
                     stack.append((k, at, pair, 0))
                     stack.append((x, f"{at}.{k}", pair, 1))
+        elif leaf is not None:
+            out = leaf(v, at)
         else:
             raise TypeError(f"{at}: cannot store a {type(v).__qualname__} as JSON")
         parent[key] = out
