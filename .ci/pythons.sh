@@ -10,7 +10,8 @@
 #   3.9 3.10 3.12 3.13
 #                   the README's two commands (torch from .ci/constraints.txt: a wheel exists for
 #                   each), then the suite without the slow tests (-m "not slow"): torch tests included
-#   notorch         3.11 with the README's second command only (no torch at all): every test; the
+#   notorch         3.11 with the test extra alone (the README's second command without the trainer
+#                   extras, which need torch; the frameworks are there): no torch at all: every test; the
 #                   torch tests skip with their reason
 #   floors          3.9 with every lower bound of the package and its extras installed exactly
 #                   (.ci/floors.py: dependencies, torch, remote, plot), then every test
@@ -84,7 +85,7 @@ leg() {
 # The README's set-up commands (tests/test_readme.py checks they are the README's, verbatim).
 readme_both() {
     pip install ".[demo]" -c .ci/constraints.txt && tensorlist demo &&
-    pip install -e ".[test]" -c .ci/constraints.txt
+    pip install -e ".[test,lightning,huggingface]" -c .ci/constraints.txt
 }
 readme_no_torch() {
     pip install -e ".[test]" -c .ci/constraints.txt &&
