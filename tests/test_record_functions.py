@@ -129,6 +129,21 @@ def test_loader_settings(loader, expected):
     assert loader_settings(loader) == expected
 
 
+class SeededRandomSampler(RandomSampler):
+    """A RandomSampler subclass, as accelerate's SeedableRandomSampler (the Trainer's default) is."""
+
+
+class MySequentialSampler(SequentialSampler):
+    pass
+
+
+@pytest.mark.parametrize("sampler, shuffle", [(SeededRandomSampler(DATA), True), (MySequentialSampler(DATA), False)])
+def test_loader_settings_of_a_sampler_subclass_says_whether_it_shuffles_and_names_it(sampler, shuffle):
+    settings = loader_settings(DataLoader(DATA, batch_size=2, sampler=sampler))
+    assert settings == {"batch_size": 2, "shuffle": shuffle, "drop_last": False,
+                        "sampler": f"{__name__}.{type(sampler).__qualname__}"}
+
+
 def test_loader_settings_names_custom_batch_sampler():
     """A batch sampler of the user's own is named, with what it exposes."""
 

@@ -120,10 +120,13 @@ def loader_settings(loader) -> dict:
             }
         else:
             drop_last = False  # no automatic batching: each sample is a batch
-    if type(sampler) is SequentialSampler:
-        shuffle, named = False, None
-    elif type(sampler) is RandomSampler:
-        plain = not sampler.replacement and getattr(sampler, "_num_samples", None) is None
+    # a subclass (accelerate's SeedableRandomSampler, which the Trainer uses) still says whether it shuffles,
+    # and is named
+    if isinstance(sampler, SequentialSampler):
+        shuffle, named = False, (None if type(sampler) is SequentialSampler else name_of(type(sampler))[0])
+    elif isinstance(sampler, RandomSampler):
+        plain = (type(sampler) is RandomSampler and not sampler.replacement
+                 and getattr(sampler, "_num_samples", None) is None)
         shuffle, named = True, (None if plain else name_of(type(sampler))[0])
     else:
         attr = getattr(sampler, "shuffle", None)
