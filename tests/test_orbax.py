@@ -323,6 +323,22 @@ def test_an_async_sharded_save_is_written_before_it_returns(tmp_path):
     assert (tmp_path / "c" / SHARDED_DIR).is_dir()
 
 
+def test_sharded_items_in_a_composite_step(tmp_path):
+    """With other items beside it (Orbax creates each item's directory, signalling it), over several steps."""
+    handlers = {"params": TensorListCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()}
+    options = ocp.CheckpointManagerOptions(max_to_keep=2)
+    with ocp.CheckpointManager(tmp_path / "run", options=options, item_handlers=handlers) as mngr:
+        for step in range(3):
+            mngr.save(step, args=ocp.args.Composite(params=TensorListSave({"w": jnp.arange(8.0) + step}, sharded=True),
+                                                    meta=ocp.args.JsonSave({"step": step})))
+        mngr.wait_until_finished()
+        assert mngr.all_steps() == [1, 2]
+        back = mngr.restore(2, args=ocp.args.Composite(params=TensorListRestore(), meta=ocp.args.JsonRestore()))
+        assert mngr.item_metadata(2)["params"]["w"].shape == (8,)
+    assert back["params"]["w"].tolist() == (np.arange(8.0) + 2).tolist() and back["meta"] == {"step": 2}
+    assert (tmp_path / "run" / "2" / "params" / SHARDED_DIR).is_dir()
+
+
 def test_sharded_false_refuses_a_leaf_spanning_processes(tmp_path, monkeypatch):
     """``sharded=False`` asks for one file, which cannot hold a leaf sharded across processes."""
     import tensorlist.orbax as tlo
