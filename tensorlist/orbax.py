@@ -6,8 +6,9 @@ through a ``CheckpointHandler`` and the argument classes registered with it
 
 * :class:`TensorListCheckpointHandler` writes an item as one tensorlist file
   (``tree.tl`` in the item's directory) through :func:`tensorlist.jax.save`,
-  or, when a leaf is a ``jax.Array`` that this process cannot see whole, as a
-  sharded checkpoint directory (``tree/``, every process writing its shards);
+  or, when a leaf is a ``jax.Array`` that this process cannot see whole (or
+  with ``TensorListSave(sharded=True)``), as a sharded checkpoint directory
+  (``tree/``, every process writing its shards, restored onto any mesh);
 * :class:`TensorListSave` and :class:`TensorListRestore` are its arguments, so
   ``ocp.Checkpointer(TensorListCheckpointHandler())`` and
   ``ocp.CheckpointManager(..., item_handlers=TensorListCheckpointHandler())``
