@@ -117,40 +117,60 @@ def check_json(value: Any, where: str = "", *, file=None, skip: tuple = (), dept
     Raises:
         FormatError: naming the field (a JSON pointer below ``where``).
     """
-    stack: List[Tuple[str, Any, int]] = [(where, value, depth)]
+    # One pass, no pointer built on the way: each entry keeps its parent's entry and its token, and the
+    # pointer of the value at fault is rebuilt only for the error (a tree file's header: ~2,000 values).
+    stack: List[Tuple[Any, int, Any]] = [(value, depth, None)]
+    str_, int_, float_, dict_, seq = str, (bool, int), float, dict, (list, tuple)
     while stack:
-        at, v, depth = stack.pop()
-        if v is None or isinstance(v, (bool, int)) or (skip and isinstance(v, skip)):
+        entry = stack.pop()
+        v, depth = entry[0], entry[1]
+        if v is None or isinstance(v, int_) or (skip and isinstance(v, skip)):
             continue
-        if depth > MAX_DEPTH and isinstance(v, (dict, list, tuple)):
-            raise FormatError(f"nests deeper than {MAX_DEPTH} levels, which no strict reader accepts",
-                              file=file, field=at or "/")
-        if isinstance(v, str):
-            _check_utf8(v, at, file)
-        elif isinstance(v, float):
+        if isinstance(v, str_):
+            if not v.isascii():
+                _check_utf8(v, lambda e=entry: _pointer_of(e, where), file)
+        elif isinstance(v, dict_):
+            if depth > MAX_DEPTH:
+                raise FormatError(f"nests deeper than {MAX_DEPTH} levels, which no strict reader accepts",
+                                  file=file, field=_pointer_of(entry, where) or "/")
+            for k, x in v.items():
+                if not isinstance(k, str_):
+                    raise FormatError(f"key {k!r} is not a string (JSON keys are strings)", file=file,
+                                      field=_pointer_of(entry, where) or "/")
+                if not k.isascii():
+                    _check_utf8(k, lambda e=entry: _pointer_of(e, where), file)
+                stack.append((x, depth + 1, (entry, k)))
+        elif isinstance(v, seq):
+            if depth > MAX_DEPTH:
+                raise FormatError(f"nests deeper than {MAX_DEPTH} levels, which no strict reader accepts",
+                                  file=file, field=_pointer_of(entry, where) or "/")
+            stack.extend((x, depth + 1, (entry, i)) for i, x in enumerate(v))
+        elif isinstance(v, float_):
             if not math.isfinite(v):
                 raise FormatError(f"{v!r} is not a JSON number (NaN and Infinity are not JSON)",
-                                  file=file, field=at or "/")
-        elif isinstance(v, dict):
-            for k, x in v.items():
-                if not isinstance(k, str):
-                    raise FormatError(f"key {k!r} is not a string (JSON keys are strings)", file=file,
-                                      field=at or "/")
-                _check_utf8(k, at, file)
-                stack.append((f"{at}/{escape_pointer(k)}", x, depth + 1))
-        elif isinstance(v, (list, tuple)):
-            stack.extend((f"{at}/{i}", x, depth + 1) for i, x in enumerate(v))
+                                  file=file, field=_pointer_of(entry, where) or "/")
         else:
             raise FormatError(f"a {type(v).__module__}.{type(v).__qualname__} is not a JSON value",
-                              file=file, field=at or "/")
+                              file=file, field=_pointer_of(entry, where) or "/")
 
 
-def _check_utf8(s: str, at: str, file) -> None:
+def _pointer_of(entry, where: str) -> str:
+    """The JSON pointer of a ``check_json`` stack entry (its chain of parents' tokens), below ``where``."""
+    tokens = []
+    while entry[2] is not None:
+        entry, token = entry[2]
+        tokens.append(token)
+    return where + "".join(f"/{escape_pointer(t)}" for t in reversed(tokens))
+
+
+def _check_utf8(s: str, at, file) -> None:
+    """``at``: the field's pointer, or a function giving it (built only for the error)."""
     try:
         s.encode("utf-8")
     except UnicodeEncodeError as e:
+        field = at() if callable(at) else at
         raise FormatError(f"{s!r} is not valid Unicode ({e.reason}) and cannot be written as UTF-8",
-                          file=file, field=at or "/") from None
+                          file=file, field=field or "/") from None
 
 
 # --- lamp's exact style (jsoniter-scala defaults, lamp.md section 1.2) -------

@@ -38,7 +38,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 from ._jsonio import MAX_DEPTH
 from .errors import FormatError, short_repr
 
-__all__ = ["JAX_TREE_FORMAT", "MAX_TREE_DEPTH", "ROOT_NAME", "NodeType", "register", "unregister", "encode", "check",
+__all__ = ["JAX_TREE_FORMAT", "ADAPTER_KINDS", "MAX_TREE_DEPTH", "ROOT_NAME", "NodeType", "register", "unregister", "encode", "check",
            "build", "decode", "render", "node_of", "make_header", "tree_header", "Plan"]
 
 #: The ``format`` of the metadata a tree file carries:
@@ -54,6 +54,10 @@ ROOT_NAME = "root"
 
 #: The suffix that makes a name unique when two key paths print alike.
 DEDUPE_SEPARATOR = "~"
+
+#: The node kinds tensorlist's own adapters register (``tensorlist.jax``: kind -> whether keyed), known to
+#: :func:`check` even where the adapter is not imported (``tensorlist validate`` imports no framework).
+ADAPTER_KINDS = {"flax.FrozenDict": True, "nnx.State": True}
 
 _SEQUENCE_KINDS = ("list", "tuple")
 _KEYED_KINDS = ("dict", "ordereddict")
@@ -337,8 +341,10 @@ def _node_fields(kind: Any, file, where) -> set:
     if not isinstance(kind, str):
         raise _error(file, where, f"'kind' must be a string, not {short_repr(kind)}", "/kind")
     nt = _REGISTRY.get(kind)
+    if nt is None and kind in ADAPTER_KINDS:  # checked without its adapter (validate): its fields are known
+        return {"kind", "keys", "children"} if ADAPTER_KINDS[kind] else {"kind", "children"}
     if nt is None:
-        known = sorted(_FIELDS) + sorted(_REGISTRY)
+        known = sorted(set(_FIELDS) | set(_REGISTRY) | set(ADAPTER_KINDS))
         raise _error(file, where, f"unknown node kind {short_repr(kind)} (known: {known}; a kind from an "
                      "adapter is known once the adapter is imported)", "/kind")
     return {"kind", "keys", "children"} if nt.keyed else {"kind", "children"}

@@ -239,9 +239,13 @@ def _validate_dcp(path: str, fmt: str, verify: bool) -> str:
 
         ckpt = validate_checkpoint(path, verify=verify)
         tensors = ckpt.tensors
+        # a tensorlist.jax checkpoint's tree (the metadata's "tree"): every array one leaf, as in a tree file
+        header = _tree.tree_header(ckpt.tree, file=ckpt.metadata_file, field="/tree")
+        if header is not None:
+            _tree.check(header["tree"], list(tensors), file=ckpt.metadata_file, field="/tree/tree")
         return (f"dcp checkpoint, {len(tensors)} tensors in {sum(len(t.chunks) for t in tensors.values())} chunks, "
                 f"{len(ckpt.bytes_keys)} values, {len(ckpt.files)} shard files"
-                f"{', checksums verified' if verify else ''}")
+                f"{', its tree checked' if header is not None else ''}{', checksums verified' if verify else ''}")
     from .convert import open_source
 
     with open_source(path, fmt) as src:  # the metadata (under restrictions) and every record's place checked

@@ -6,8 +6,9 @@ through a ``CheckpointHandler`` and the argument classes registered with it
 
 * :class:`TensorListCheckpointHandler` writes an item as one tensorlist file
   (``tree.tl`` in the item's directory) through :func:`tensorlist.jax.save`,
-  or, when a leaf is a ``jax.Array`` that this process cannot see whole, as a
-  sharded checkpoint directory (``tree/``, every process writing its shards);
+  or, when a leaf is a ``jax.Array`` that this process cannot see whole (or
+  with ``TensorListSave(sharded=True)``), as a sharded checkpoint directory
+  (``tree/``, every process writing its shards, restored onto any mesh);
 * :class:`TensorListSave` and :class:`TensorListRestore` are its arguments, so
   ``ocp.Checkpointer(TensorListCheckpointHandler())`` and
   ``ocp.CheckpointManager(..., item_handlers=TensorListCheckpointHandler())``
@@ -38,7 +39,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from . import _tree, reader
+from . import _jax_shards, _tree, reader
 from . import jax as tl_jax
 from .format import DEFAULT_ALIGNMENT
 
@@ -52,17 +53,32 @@ __all__ = [
 TREE_FILE = "tree.tl"
 SHARDED_DIR = "tree"
 
+#: Where the tree header sits in a sharded item's metadata (a JSON pointer, for messages).
+SHARDED_TREE_FIELD = "/tree"
+
 
 def _is_sharded_across_processes(tree: Any) -> bool:
     """True when some leaf is a ``jax.Array`` this process does not hold whole (a multi-process save)."""
     return any(isinstance(x, jax.Array) and not x.is_fully_addressable for x in jax.tree_util.tree_leaves(tree))
 
 
+def _writes_shards(tree: Any, sharded: Optional[bool]) -> bool:
+    """Whether a save writes the sharded ``tree/`` directory: ``sharded``, or when None, a leaf spans processes."""
+    return _is_sharded_across_processes(tree) if sharded is None else bool(sharded)
+
+
 def _save(directory, tree: Any, metadata: Any, *, alignment: int, checksum: bool, durable: bool,
-          primary_host: Optional[int]) -> None:
-    """Writes ``tree`` into the item directory: one file from the primary host, or every process's shards."""
+          primary_host: Optional[int], sharded: Optional[bool] = None) -> None:
+    """Writes ``tree`` into the item directory: one file from the primary host, or every process's shards.
+
+    ``sharded``: None chooses (the directory when a leaf spans processes), True
+    writes the directory, False one file (refused for a leaf spanning processes).
+    """
     directory = os.fspath(directory)
-    if _is_sharded_across_processes(tree):
+    if sharded is False and _is_sharded_across_processes(tree):
+        raise ValueError(f"{directory}: TensorListSave(sharded=False), but a leaf is a jax.Array sharded across "
+                         "processes, which one file cannot hold; leave sharded=None (or True)")
+    if _writes_shards(tree, sharded):
         # every process writes its own shards; tensorlist.jax commits the descriptor last, on process 0
         tl_jax.save(os.path.join(directory, SHARDED_DIR), tree, metadata=metadata, sharded=True,
                     alignment=alignment, checksum=checksum, durable=durable)
@@ -91,10 +107,11 @@ def _restore(directory, target: Any, device: Any, verify: bool) -> Any:
 
 
 def _abstract(directory) -> Optional[Any]:
-    """The saved tree with a ``jax.ShapeDtypeStruct`` at each leaf (no data read), or None.
+    """The saved tree with a ``jax.ShapeDtypeStruct`` at each leaf (no tensor data read), or None.
 
-    None: no single-file item here (nothing saved, or a sharded ``tree/`` item, whose abstract tree is
-    not built here).
+    The single file's descriptor, or a sharded ``tree/`` item's metadata (and
+    its shards' descriptors, which opening the checkpoint checks). None: no item
+    here, or one whose metadata holds no tree.
     """
     directory = os.fspath(directory)
     path = os.path.join(directory, TREE_FILE)
@@ -105,8 +122,14 @@ def _abstract(directory) -> Optional[Any]:
                 return None
             shapes = {n: jax.ShapeDtypeStruct(tuple(r.info(n).shape), r.info(n).dtype.numpy) for n in r.keys()}
             return _tree.decode(header["tree"], shapes, file=r.path, field=tl_jax.TREE_FIELD)
-    # a sharded item (tree/): its abstract tree is the shards reader's (_jax_shards.open_dir(...).header,
-    # .names(), .shape(), .dtype()); left to tensorlist.jax, which owns that reader: None here
+    path = os.path.join(directory, SHARDED_DIR)
+    if os.path.isdir(path):
+        with _jax_shards.open_dir(path) as ck:
+            header = _tree.tree_header(ck.header, file=ck.metadata_file, field=SHARDED_TREE_FIELD)
+            if header is None:
+                return None
+            shapes = {n: jax.ShapeDtypeStruct(ck.shape(n), ck.dtype(n)) for n in ck.names()}
+            return _tree.decode(header["tree"], shapes, file=ck.metadata_file, field=SHARDED_TREE_FIELD + "/tree")
     return None
 
 
@@ -117,8 +140,9 @@ class TensorListCheckpointHandler(ocp.AsyncCheckpointHandler):
     (``ocp.AsyncCheckpointer``, ``CheckpointManager``'s default) copies the
     leaves to host memory in the caller's thread, so that the arrays may be
     donated or changed as soon as it returns, and writes in Orbax's background
-    commit; a tree sharded across processes is written in the caller's thread
-    (every process takes part).
+    commit; a sharded save (a tree sharded across processes, or
+    ``TensorListSave(sharded=True)``) is written in the caller's thread (every
+    process takes part).
 
     Args:
         alignment: byte alignment of every tensor (the default, 64, is what
@@ -158,7 +182,8 @@ class TensorListCheckpointHandler(ocp.AsyncCheckpointHandler):
         """
         save_args = _the_args(args, kwargs, TensorListSave, "save")
         _save(directory, save_args.item, save_args.metadata, alignment=self._alignment,
-              checksum=self._checksum, durable=self._durable, primary_host=self._primary_host)
+              checksum=self._checksum, durable=self._durable, primary_host=self._primary_host,
+              sharded=save_args.sharded)
 
     async def async_save(self, directory: Any, *args: Any, **kwargs: Any) -> List[Any]:
         """Copies ``args.item`` to host memory now; the returned commit future writes it.
@@ -168,10 +193,16 @@ class TensorListCheckpointHandler(ocp.AsyncCheckpointHandler):
         """
         save_args = _the_args(args, kwargs, TensorListSave, "async_save")
         options = {"alignment": self._alignment, "checksum": self._checksum, "durable": self._durable,
-                   "primary_host": self._primary_host}
-        if _is_sharded_across_processes(save_args.item) or not ocp.multihost.is_primary_host(self._primary_host):
-            _save(directory, save_args.item, save_args.metadata, **options)  # collective, or nothing to write
+                   "primary_host": self._primary_host, "sharded": save_args.sharded}
+        if _writes_shards(save_args.item, save_args.sharded):
+            # collective (device collectives must not run in a background thread, interleaved with the
+            # caller's): in the caller's thread, once Orbax has created the directory (it may do so in the
+            # background, in the primary process only)
+            _await_directory()
+            _save(directory, save_args.item, save_args.metadata, **options)
             return []
+        if not ocp.multihost.is_primary_host(self._primary_host):
+            return []  # the primary host writes the file
         host = jax.tree_util.tree_map(_host_copy, save_args.item)
 
         async def write() -> None:
@@ -194,10 +225,18 @@ class TensorListCheckpointHandler(ocp.AsyncCheckpointHandler):
     def metadata(self, directory: Any) -> Optional[Any]:
         """Orbax's item metadata: the saved tree with a ``jax.ShapeDtypeStruct`` (shape, dtype) at each leaf.
 
-        Reads the descriptor only. Add shardings to it for a restore target
+        Reads the descriptor only (for a sharded ``tree/`` item: its metadata
+        and its shards' descriptors). Add shardings to it for a restore target
         (``TensorListRestore(item=...)``).
         """
         return _abstract(directory)
+
+
+def _await_directory() -> None:
+    """Blocks until the directories Orbax is creating for this save exist (its signals contract; else at once)."""
+    async def nothing() -> None:
+        return None
+    ocp.future.CommitFutureAwaitingContractedSignals(nothing(), name="tensorlist_await_directory").result()
 
 
 def _the_args(args: tuple, kwargs: dict, cls: type, what: str, optional: bool = False) -> Any:
@@ -226,10 +265,16 @@ class TensorListSave(ocp.args.CheckpointArgs):
             Flax ``FrozenDict``; leaves ``jax.Array`` or numpy arrays), as
             :func:`tensorlist.jax.save` takes it.
         metadata: any JSON value, stored with the tree.
+        sharded: None (default): one file ``tree.tl`` when this process holds
+            every leaf whole, else the sharded directory ``tree/``, every
+            process writing its own shards; True: always the directory (each
+            device's shard a chunk, restored onto any mesh); False: always one
+            file (refused for a leaf sharded across processes).
     """
 
     item: Any
     metadata: Any = None
+    sharded: Optional[bool] = None
 
 
 @ocp.args.register_with_handler(TensorListCheckpointHandler, for_restore=True)

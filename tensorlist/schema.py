@@ -11,7 +11,7 @@ import os
 from importlib import resources
 from typing import Any, Dict, List, Optional
 
-from . import _backends
+from . import _backends, _tree
 from ._datafile import open_consistently
 from ._jsonio import loads_strict, resolve_pointer
 from .errors import FormatError
@@ -68,12 +68,30 @@ def _schema_check(obj: Any, file: Optional[str], pointer: str) -> None:
     raise FormatError(f"schema: {msg}", file=file, tensor_index=index, tensor_name=name, field=field)
 
 
+def _check_tree(desc: ListDescriptor, file: Optional[str]) -> ListDescriptor:
+    """A tree file's rule (``tensorlist.jax``): its metadata's tree names every tensor exactly once.
+
+    For a descriptor whose metadata has the format ``tensorlist.jax-tree/1``:
+    the header's fields, and ``_tree.check`` of its spec against the tensor
+    names (kinds, keys, every tensor one leaf). Any other metadata is not checked.
+    """
+    header = _tree.tree_header(desc.metadata, file=file, field=f"{desc.pointer}/metadata")
+    if header is not None:
+        _tree.check(header["tree"], desc.keys(), file=file, field=f"{desc.pointer}/metadata/tree")
+    return desc
+
+
 def validate(obj, *, pointer: Optional[str] = None, base_dir=None, check_data: bool = True,
              verify: bool = False, allow_outside: bool = False,
              max_descriptor_bytes: Optional[int] = None, max_tensors: Optional[int] = None,
              max_total_bytes: Optional[int] = None, source: Optional[str] = None,
              **backend_options) -> List[ListDescriptor]:
     """Validates TensorList descriptors: the JSON Schema, then every semantic rule.
+
+    A tree file's descriptor (metadata of format ``tensorlist.jax-tree/1``, as
+    ``tensorlist.jax.save`` writes it) also has its tree checked against its
+    tensors: every leaf names a stored tensor, every tensor is one leaf, every
+    node of a known kind with keys of the right types (``_tree.check``).
 
     Args:
         obj: a path or URL of a JSON document, a JSON string, or a parsed dict.
@@ -141,13 +159,13 @@ def validate(obj, *, pointer: Optional[str] = None, base_dir=None, check_data: b
                     # schema says of one (types, ranges, dtype codes: test_malformed's parity
                     # tables): check the rest of the list, not a million tensor objects again
                     _schema_check({**node, "tensors": []}, file, ptr)
-                    out.append(parse_list(node, file=file, pointer=ptr, base_dir=base,
-                                          allow_outside=allow_outside, limits=limits))
+                    out.append(_check_tree(parse_list(node, file=file, pointer=ptr, base_dir=base,
+                                                      allow_outside=allow_outside, limits=limits), file))
                     continue
                 node["tensors"] = tensors.materialize(file)  # the exact path explains what is wrong
             _schema_check(node, file, ptr)
-            out.append(parse_list(node, file=file, pointer=ptr, base_dir=base, allow_outside=allow_outside,
-                                  limits=limits))
+            out.append(_check_tree(parse_list(node, file=file, pointer=ptr, base_dir=base,
+                                              allow_outside=allow_outside, limits=limits), file))
         return out
 
     if base is None or not (check_data or verify):

@@ -19,6 +19,7 @@ import jax.numpy as jnp  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding  # noqa: E402
 
 import tensorlist  # noqa: E402
+import tensorlist.dcp_read  # noqa: E402,F401 (tensorlist.dcp_read.validate_checkpoint below)
 from tensorlist.orbax import (  # noqa: E402
     SHARDED_DIR,
     TREE_FILE,
@@ -28,6 +29,9 @@ from tensorlist.orbax import (  # noqa: E402
     TensorListSave,
 )
 
+
+#: Seconds the two-process test waits for its processes (then kills them and fails).
+TWO_PROCESS_TIMEOUT = 180
 
 Pair = collections.namedtuple("Pair", ["mu", "nu"])  # at module level: a restore finds the class again
 
@@ -262,3 +266,125 @@ def test_a_target_that_disagrees_with_the_file_names_the_leaf(tmp_path):
     target["dense"]["kernel"] = jax.ShapeDtypeStruct((4, 8), jnp.float32)
     with pytest.raises(tensorlist.FormatError, match="dense/kernel"):
         TensorListCheckpointHandler().restore(tmp_path, args=TensorListRestore(target))
+
+
+# --- sharded items: the tree/ directory ------------------------------------------------------
+
+def _four_devices():
+    if len(jax.devices()) < 4:
+        pytest.skip("needs 4 devices: tests/conftest.py sets XLA_FLAGS=--xla_force_host_platform_device_count=4 "
+                    "before jax is imported; here jax was imported earlier with fewer")
+    return jax.devices()[:4]
+
+
+def _placed(tree, sharding):
+    """``tree``'s 2-D leaves on ``sharding``, the others replicated on its mesh."""
+    replicated = NamedSharding(sharding.mesh, PartitionSpec())
+    return jax.tree_util.tree_map(lambda x: jax.device_put(x, sharding if x.ndim == 2 else replicated), tree)
+
+
+def test_a_sharded_item_through_the_manager_restores_onto_another_sharding(tmp_path):
+    """``TensorListSave(sharded=True)`` on a 2x2 mesh: a ``tree/`` checkpoint, its metadata, a 4x1 restore."""
+    devices = _four_devices()
+    grid = NamedSharding(Mesh(np.array(devices).reshape(2, 2), ("x", "y")), PartitionSpec("x", "y"))
+    tree = _placed({**params(9), "opt": (jnp.arange(6, dtype=jnp.int32), None)}, grid)
+    with ocp.CheckpointManager(tmp_path / "run", item_handlers=TensorListCheckpointHandler()) as mngr:
+        mngr.save(0, args=TensorListSave(tree, metadata={"lr": 0.5}, sharded=True))
+        mngr.wait_until_finished()
+        item = tmp_path / "run" / "0" / "default"
+        assert SHARDED_DIR in os.listdir(item) and TREE_FILE not in os.listdir(item)
+        ckpt = tensorlist.dcp_read.validate_checkpoint(item / SHARDED_DIR, verify=True)
+        assert [len(ckpt.tensors[n].chunks) for n in ("dense/kernel", "embed/table", "scale")] == [4, 4, 1]
+        assert ckpt.tree["metadata"] == {"lr": 0.5}
+        abstract = mngr.item_metadata(0)
+        assert jax.tree_util.tree_structure(abstract) == jax.tree_util.tree_structure(tree)
+        for a, x in zip(jax.tree_util.tree_leaves(abstract), jax.tree_util.tree_leaves(tree)):
+            assert isinstance(a, jax.ShapeDtypeStruct) and (a.shape, a.dtype) == (x.shape, x.dtype)
+        line = Mesh(np.array(devices), ("x",))
+        rows = NamedSharding(line, PartitionSpec("x"))
+        target = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(
+            a.shape, a.dtype, sharding=rows if len(a.shape) == 2 else NamedSharding(line, PartitionSpec())), abstract)
+        back = mngr.restore(0, args=TensorListRestore(target))
+    assert_bit_equal(back, tree)
+    assert back["opt"][1] is None and isinstance(back["opt"], tuple)
+    kernel = back["dense"]["kernel"]
+    assert kernel.sharding == rows and [s.data.shape for s in kernel.addressable_shards] == [(2, 4)] * 4
+
+
+def test_an_async_sharded_save_is_written_before_it_returns(tmp_path):
+    """A sharded save is collective, so ``async_save`` writes it in the caller's thread: later changes miss it."""
+    tree = {"w": jnp.arange(8.0).reshape(4, 2)}
+    with ocp.AsyncCheckpointer(TensorListCheckpointHandler()) as ckptr:
+        ckptr.save(tmp_path / "c", args=TensorListSave(tree, sharded=True))
+        tree["w"] = tree["w"] + 1  # a new array; the saved one stays
+        ckptr.wait_until_finished()
+        back = ckptr.restore(tmp_path / "c", args=TensorListRestore())
+    assert back["w"].tolist() == np.arange(8.0).reshape(4, 2).tolist()
+    assert (tmp_path / "c" / SHARDED_DIR).is_dir()
+
+
+def test_sharded_items_in_a_composite_step(tmp_path):
+    """With other items beside it (Orbax creates each item's directory, signalling it), over several steps."""
+    handlers = {"params": TensorListCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()}
+    options = ocp.CheckpointManagerOptions(max_to_keep=2)
+    with ocp.CheckpointManager(tmp_path / "run", options=options, item_handlers=handlers) as mngr:
+        for step in range(3):
+            mngr.save(step, args=ocp.args.Composite(params=TensorListSave({"w": jnp.arange(8.0) + step}, sharded=True),
+                                                    meta=ocp.args.JsonSave({"step": step})))
+        mngr.wait_until_finished()
+        assert mngr.all_steps() == [1, 2]
+        back = mngr.restore(2, args=ocp.args.Composite(params=TensorListRestore(), meta=ocp.args.JsonRestore()))
+        assert mngr.item_metadata(2)["params"]["w"].shape == (8,)
+    assert back["params"]["w"].tolist() == (np.arange(8.0) + 2).tolist() and back["meta"] == {"step": 2}
+    assert (tmp_path / "run" / "2" / "params" / SHARDED_DIR).is_dir()
+
+
+def test_sharded_false_refuses_a_leaf_spanning_processes(tmp_path, monkeypatch):
+    """``sharded=False`` asks for one file, which cannot hold a leaf sharded across processes."""
+    import tensorlist.orbax as tlo
+
+    monkeypatch.setattr(tlo, "_is_sharded_across_processes", lambda tree: True)  # as in a multi-process run
+    with pytest.raises(ValueError, match=r"TensorListSave\(sharded=False\), but a leaf .* sharded across"):
+        TensorListCheckpointHandler().save(tmp_path, args=TensorListSave(params(), sharded=False))
+    assert os.listdir(tmp_path) == []
+
+
+def test_the_metadata_of_a_sharded_item_without_a_tree_is_none(tmp_path):
+    """A ``tree/`` checkpoint whose metadata holds no tree header (written by another tool) has no abstract tree."""
+    from tensorlist._jax_shards import save_dir
+
+    save_dir(tmp_path / SHARDED_DIR, {"w": jnp.ones(4)}, None)
+    assert TensorListCheckpointHandler().metadata(tmp_path) is None
+
+
+@pytest.mark.slow  # 2 processes importing jax and orbax, joined by jax.distributed over gloo
+def test_two_processes_save_and_restore_through_the_checkpoint_manager(tmp_path, unused_port):
+    """Each process saves its shards through Orbax's CheckpointManager, both restore on a 2-device mesh; here too."""
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path.insert(0, here)
+    from _orbax_script import STEP, assert_same, tree_values
+
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    procs = [subprocess.Popen([sys.executable, os.path.join(here, "_orbax_script.py"), "save", str(i), "2",
+                               str(unused_port), str(tmp_path / "run")], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for i in range(2)]
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=TWO_PROCESS_TIMEOUT)[0])
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        pytest.fail(f"the two processes did not finish in {TWO_PROCESS_TIMEOUT} s")
+    for i, (p, out) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0 and f"process {i}: restored on 2" in out, out[-3000:]
+    item = tmp_path / "run" / str(STEP) / "default" / SHARDED_DIR
+    assert sorted(n.split(".")[0] for n in os.listdir(item) if n.endswith(".tl")) == ["0", "1"]
+    with ocp.CheckpointManager(tmp_path / "run", item_handlers=TensorListCheckpointHandler()) as mngr:
+        back = mngr.restore(STEP, args=TensorListRestore())  # here: one process, whole on the default device
+    for got, want in zip(jax.tree_util.tree_leaves(back), jax.tree_util.tree_leaves(tree_values())):
+        assert_same(got, want)
+    assert back["opt"][1] is None
