@@ -9,6 +9,6 @@ import importlib.util
 collect_ignore = []
 if importlib.util.find_spec("torch") is None:
     collect_ignore += ["tensorlist/torch.py", "tensorlist/_torch_bridge.py", "tensorlist/_staging.py",
-                       "tensorlist/nn.py", "tensorlist/dcp.py", "tensorlist/loops"]
+                       "tensorlist/nn.py", "tensorlist/dcp/_storage.py", "tensorlist/loops"]
 if importlib.util.find_spec("jax") is None:
     collect_ignore += ["tensorlist/jax.py", "tensorlist/_jax_bridge.py", "tensorlist/_jax_shards.py"]

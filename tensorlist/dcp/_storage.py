@@ -62,17 +62,18 @@ from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, W
 from torch.distributed.tensor import DTensor
 from torch.futures import Future
 
-from . import _backends, _dtypes
-from ._jsonio import dumps, from_tagged, to_tagged
-from ._torch_bridge import from_numpy, to_numpy, torch_dtype
-from .dcp_read import (DCP_VERSION, METADATA_NAME, Checkpoint, Shards, StorageEntry, TensorMeta, bytes_key,
-                       commit_metadata, encode_value, holds, is_save_file, join, listing, metadata_document,
-                       parse_metadata, read_full, read_metadata, shard_name, tensor_key, validate_checkpoint)
-from .errors import FormatError
-from .format import Limits
-from .writer import save
+from .. import _backends, _dtypes
+from .._jsonio import dumps, from_tagged, to_tagged
+from .._torch_bridge import from_numpy, to_numpy, torch_dtype
+from .layout import (DCP_VERSION, METADATA_NAME, Checkpoint, StorageEntry, TensorMeta, bytes_key, commit_metadata,
+                     encode_value, holds, is_save_file, join, listing, shard_name, tensor_key)
+from .metadata import metadata_document, parse_metadata, read_metadata
+from .shards import Shards
+from ..errors import FormatError
+from ..format import Limits
+from ..writer import save
 
-__all__ = ["TensorListWriter", "TensorListReader", "read_full", "validate_checkpoint", "Checkpoint"]
+__all__ = ["TensorListWriter", "TensorListReader"]
 
 #: Whether this torch's DCP Metadata takes ``version`` (torch >= 2.9; 2.8 and older have no such field).
 _METADATA_HAS_VERSION = "version" in {f.name for f in dataclasses.fields(Metadata)}
