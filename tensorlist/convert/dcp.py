@@ -174,7 +174,7 @@ def _from_tensors(src: Source, save_id: str):
     for fqn, tagged in (values or {}).items():
         if fqn in entries:
             raise ValueError(f"{src.path}: {fqn!r} is both a tensor and a value of {VALUES_KEY}")
-        raw = encode_value(from_tagged(tagged), fqn)
+        raw = encode_value(from_tagged(tagged, file=src.path, where=f"{VALUES_KEY}/{fqn}"), fqn)
         entries[fqn] = None
         storage.append(StorageEntry(fqn, None, file, bytes_key(fqn), len(raw), "json", "uint8", (len(raw),)))
         items.append((storage[-1].tensor, (lambda raw=raw: np.frombuffer(raw, np.uint8)), 0))

@@ -414,7 +414,8 @@ def _torch_metadata(ckpt: Checkpoint, load_id: Optional[str]) -> Metadata:
     sm = ckpt.storage_meta or {}
     meta = StorageMeta(checkpoint_id=sm.get("checkpointId"), save_id=sm.get("saveId"), load_id=load_id,
                        modules=list(sm.get("modules") or []))
-    planner_data = None if ckpt.planner_data is None else from_tagged(ckpt.planner_data)
+    planner_data = None if ckpt.planner_data is None else from_tagged(ckpt.planner_data, file=ckpt.metadata_file,
+                                                                       where="plannerData")
     version = {"version": ckpt.dcp_version} if _METADATA_HAS_VERSION else {}
     return Metadata(state_dict_metadata=state, planner_data=planner_data, storage_data=storage, storage_meta=meta,
                     **version)

@@ -221,7 +221,7 @@ def encode_value(value: Any, fqn: str) -> bytes:
 def decode_value(raw: bytes, entry: StorageEntry, file: str) -> Any:
     """The value :func:`encode_value` stored; a ``torch_save`` entry comes back as its raw bytes, never unpickled."""
     if entry.encoding == "json":
-        return from_tagged(loads_strict(raw, file=file))
+        return from_tagged(loads_strict(raw, file=file), file=file, where=repr(entry.fqn))
     return bytes(raw)
 
 

@@ -32,6 +32,7 @@ import re
 from typing import Any, Dict, Optional, Sequence, Tuple, List
 
 from .. import _backends, _dtypes
+from .._jsonio import from_tagged
 from ..errors import FormatError
 from ..format import MAX_DIMS, Limits, read_json_bytes, read_json_file, short_repr
 from ..schema import schema_validator
@@ -335,6 +336,8 @@ def parse_metadata(doc: Any, *, file: str, path: Optional[str] = None, schema: b
                 what = "the bytes value" if off is None else f"the chunk at offsets {list(off)}"
                 raise FormatError(f"{fqn!r}: {what} has no storage entry", file=file,
                                   field=f"/stateDict/{_escape(fqn)}")
+    if doc.get("plannerData") is not None:
+        from_tagged(doc["plannerData"], file=file, where="plannerData")  # a malformed tag is refused here, once
     return Checkpoint(os.fspath(path), file, doc["saveId"], doc.get("dcpVersion"), files, entries, storage,
                       doc.get("plannerData"), doc.get("storageMeta"), doc.get("tree"))
 
