@@ -66,7 +66,7 @@ from .. import _backends, _dtypes
 from .._jsonio import dumps, from_tagged, to_tagged
 from .._torch_bridge import from_numpy, to_numpy, torch_dtype
 from .layout import (DCP_VERSION, METADATA_NAME, Checkpoint, StorageEntry, TensorMeta, bytes_key, commit_metadata,
-                     encode_value, holds, is_save_file, join, listing, shard_name, tensor_key)
+                     encode_entry, holds, is_save_file, join, listing, shard_name, tensor_key)
 from .metadata import metadata_document, parse_metadata, read_metadata
 from .shards import Shards
 from ..errors import FormatError
@@ -202,7 +202,9 @@ class TensorListWriter(_CheckpointPath, StorageWriter, BlockingAsyncStager):
         if not _backends.is_remote(self.path):
             os.makedirs(_backends.localize(self.path), exist_ok=True)
         if not self.overwrite and holds(self.path, METADATA_NAME):
-            raise RuntimeError(f"{join(self.path, METADATA_NAME)}: a checkpoint exists and overwrite=False")
+            # DCP's FileSystemWriter's words: callers (and torch's own tests) match on them
+            raise RuntimeError(f"Checkpoint already exists and self.overwrite=False. ({join(self.path, METADATA_NAME)};"
+                               " pass TensorListWriter(..., overwrite=True) to replace it)")
         return plan
 
     def prepare_global_plan(self, plans: List[SavePlan]) -> List[SavePlan]:
@@ -216,7 +218,7 @@ class TensorListWriter(_CheckpointPath, StorageWriter, BlockingAsyncStager):
         lookup = getattr(planner, "lookup_object", None)  # DefaultSavePlanner's: the value itself
         if lookup is not None:
             try:
-                return encode_value(lookup(item.index), fqn), "json"
+                return encode_entry(lookup(item.index), fqn)
             except TypeError as e:
                 if not self.allow_pickle:
                     raise TypeError(f"{e}; pass TensorListWriter(..., allow_pickle=True) to store it with torch.save "
@@ -506,7 +508,7 @@ class TensorListReader(_CheckpointPath, StorageReader):
         planner unpickles is never bytes read from the checkpoint. A stored
         pickle is passed on only with ``allow_pickle``.
         """
-        if entry.encoding == "json":
+        if entry.encoding != "torch_save":  # JSON, bytes, BytesIO: rebuilt here, never unpickled from the file
             buf = io.BytesIO()
             torch.save(shards.value(entry), buf)
         elif self.allow_pickle:

@@ -16,6 +16,7 @@ Example:
 """
 from __future__ import annotations
 
+import io
 import os
 import posixpath
 import re
@@ -74,7 +75,7 @@ class StorageEntry:
         file: the shard descriptor's name in the checkpoint directory.
         tensor: the tensor's name in that file.
         byte_length: length of the stored bytes.
-        encoding: bytes only: ``"json"`` or ``"torch_save"`` (a pickle, opt-in).
+        encoding: bytes only: one of ``ENCODINGS`` (``"torch_save"``: a pickle, opt-in).
         dtype, shape: what the shard must hold (the chunk's, or uint8 ``[byte_length]``).
     """
 
@@ -218,10 +219,38 @@ def encode_value(value: Any, fqn: str) -> bytes:
         raise TypeError(f"state dict value {fqn!r} cannot be stored as JSON: {e}") from None
 
 
+#: How a bytes entry's stored bytes make its value: UTF-8 tagged JSON; raw ``bytes``; raw bytes as an
+#: ``io.BytesIO`` (both no pickle); or a torch.save pickle (opt-in, never unpickled here).
+ENCODINGS = ("json", "bytes", "bytes_io", "torch_save")
+
+
+def encode_entry(value: Any, fqn: str) -> Tuple[bytes, str]:
+    """A non-tensor value's stored bytes and encoding: raw for ``bytes``/``bytearray``/``io.BytesIO``, else JSON.
+
+    Raises:
+        TypeError: as :func:`encode_value`.
+
+    Example:
+        >>> import io
+        >>> encode_entry(b"\\x00\\xff", "blob"), encode_entry(io.BytesIO(b"ab"), "buf"), encode_entry((1, 2), "t")
+        ((b'\\x00\\xff', 'bytes'), (b'ab', 'bytes_io'), (b'{"__tuple__":[1,2]}', 'json'))
+    """
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value), "bytes"
+    if isinstance(value, io.BytesIO):
+        return value.getvalue(), "bytes_io"
+    return encode_value(value, fqn), "json"
+
+
 def decode_value(raw: bytes, entry: StorageEntry, file: str) -> Any:
-    """The value :func:`encode_value` stored; a ``torch_save`` entry comes back as its raw bytes, never unpickled."""
+    """The value :func:`encode_entry` stored: JSON decoded, ``bytes``, a fresh ``io.BytesIO``.
+
+    A ``torch_save`` entry comes back as its raw bytes, never unpickled.
+    """
     if entry.encoding == "json":
         return from_tagged(loads_strict(raw, file=file), file=file, where=repr(entry.fqn))
+    if entry.encoding == "bytes_io":
+        return io.BytesIO(bytes(raw))
     return bytes(raw)
 
 

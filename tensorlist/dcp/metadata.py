@@ -36,7 +36,7 @@ from .._jsonio import from_tagged
 from ..errors import FormatError
 from ..format import MAX_DIMS, Limits, read_json_bytes, read_json_file, short_repr
 from ..schema import schema_validator
-from .layout import (DCP_FORMAT_VERSION, FORMAT_NAME, METADATA_NAME, SCHEMA, Checkpoint, StorageEntry, TensorMeta,
+from .layout import (DCP_FORMAT_VERSION, ENCODINGS, FORMAT_NAME, METADATA_NAME, SCHEMA, Checkpoint, StorageEntry, TensorMeta,
                      join)
 from .tiling import check_tiling, numel
 
@@ -149,6 +149,8 @@ class _Shape:
     def dims(self, v, at: str) -> list:
         if not isinstance(v, list):
             self.fail(at, f"{short_repr(v)} is not an array")
+        if len(v) > MAX_DIMS:
+            self.fail(at, f"{len(v)} dimensions, more than the {MAX_DIMS} a tensor may have")
         for i, x in enumerate(v):
             if type(x) is not int or not 0 <= x <= _MAX_COUNT:
                 self.count(x, f"{at}/{i}")
@@ -225,7 +227,7 @@ class _Shape:
             self.string(e["tensor"], f"{at}/tensor")
             self.count(e["byteLength"], f"{at}/byteLength")
             if "encoding" in e:
-                self.string(e["encoding"], f"{at}/encoding", choices=("json", "torch_save"))
+                self.string(e["encoding"], f"{at}/encoding", choices=ENCODINGS)
         meta = doc.get("storageMeta")
         if meta is not None:
             self.object(meta, "/storageMeta", ("checkpointId", "saveId", "modules"), ())

@@ -97,10 +97,11 @@ def _covered(t, kept: List[int]) -> int:
     return sum(numel(t.chunks[i][1]) for i in kept)
 
 
-def _grid(v: _Tiling, kept: List[int], off: np.ndarray, end: np.ndarray) -> Optional[str]:
+def _grid(v: _Tiling, kept: List[int], off: np.ndarray, end: np.ndarray, size: np.ndarray) -> Optional[str]:
     """Step 2: ``"exact"`` (every cell once), ``"gap"`` (a cell never), or None when the grid is too big."""
     ndims = off.shape[1]
-    coords = [np.unique(np.concatenate([off[:, d], end[:, d]])) for d in range(ndims)]
+    # the tensor's own bounds too: a gap at an end is a cell no chunk holds
+    coords = [np.unique(np.concatenate([off[:, d], end[:, d], [0, size[d]]])) for d in range(ndims)]
     shape = tuple(len(c) for c in coords)
     if ndims > MAX_GRID_DIMS or math.prod(s - 1 for s in shape) > MAX_GRID_CELLS + 4 * len(kept):
         return None
@@ -161,7 +162,7 @@ def check_tiling(t, file: str, at: str) -> None:
             v.overlap(kept[0], kept[1])
         off = off[:, dims]
         end = off + sz[:, dims]  # inside the tensor (step 1): below 2^63
-        decided = _grid(v, kept, off, end)
+        decided = _grid(v, kept, off, end, size[dims])
         if decided == "exact":
             return
         if decided is None:
