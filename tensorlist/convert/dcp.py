@@ -112,6 +112,11 @@ def open_dcp(path: str, limits: Limits = Limits()) -> DcpSource:
     """A checkpoint of tensorlist's layout (``.metadata.json``) as a source; a path or a URL."""
     ckpt = read_metadata(path, limits=limits)
     shards = Shards(ckpt.path, limits=limits)
+    try:
+        shards.check_all(ckpt)  # the shards exist and hold what the metadata says before a tensor is allocated
+    except BaseException:
+        shards.close()
+        raise
     return DcpSource(path, "dcp", ckpt, lambda fqn, off: shards.array(ckpt.storage[(fqn, off)]),
                      lambda fqn: (shards.raw(ckpt.storage[(fqn, None)]), ckpt.storage[(fqn, None)].encoding),
                      [shards.close], ckpt.files)

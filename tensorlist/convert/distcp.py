@@ -62,8 +62,8 @@ import numpy as np
 from .. import _dtypes
 from .._backends import filesystem, is_remote, localize
 from .._jsonio import MAX_DEPTH, dumps, to_tagged
-from ..dcp_read import (DCP_VERSION, Checkpoint, StorageEntry, TensorMeta, bytes_key, encode_value, join,
-                        metadata_document, parse_metadata, shard_name, tensor_key)
+from ..dcp_read import (DCP_VERSION, Checkpoint, StorageEntry, TensorMeta, bytes_key, confine, encode_value,
+                        join, metadata_document, parse_metadata, shard_name, tensor_key)
 from ..errors import FormatError
 from ..format import MAX_DIMS, Limits, open_regular, short_repr
 from .formats import TORCH_DCP_METADATA, expansion_cap
@@ -355,7 +355,7 @@ class _Folder:
 
     def size(self, name: str, what: str) -> int:
         if self.fs is None:
-            fd = open_regular(self.where(name), what=what)
+            fd = open_regular(confine(self.path, name, what), what=what)
             try:
                 return os.fstat(fd).st_size
             finally:
@@ -366,7 +366,7 @@ class _Folder:
              cap: Optional[int] = None) -> bytes:
         """``length`` bytes at ``offset`` (all with None); a file larger than ``cap`` is refused unread."""
         if self.fs is None:
-            fd = open_regular(self.where(name), what=what)
+            fd = open_regular(confine(self.path, name, what), what=what)
             try:
                 size = os.fstat(fd).st_size
                 _check_cap(size, cap, self.where(name))

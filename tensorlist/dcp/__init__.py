@@ -36,9 +36,9 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .layout import (DCP_FORMAT_VERSION, DCP_VERSION, FORMAT_NAME, METADATA_NAME, SCHEMA, Checkpoint, StorageEntry,
-                     TensorMeta, ENCODINGS, bytes_key, commit_metadata, decode_value, encode_entry, encode_value, holds, is_save_file, join,
-                     listing, shard_name, tensor_key)
+from .layout import (DCP_FORMAT_VERSION, DCP_VERSION, ENCODINGS, FORMAT_NAME, METADATA_NAME, SCHEMA, Checkpoint,
+                     StorageEntry, TensorMeta, bytes_key, commit_metadata, confine, decode_value, encode_entry,
+                     encode_value, holds, is_save_file, join, listing, shard_name, tensor_key)
 from .metadata import check_shape, metadata_document, parse_metadata, read_metadata, schema_check
 from .shards import Shards, assemble, read_full, validate_checkpoint
 
@@ -46,7 +46,7 @@ __all__ = ["TensorListWriter", "TensorListReader", "read_full", "validate_checkp
            "parse_metadata", "Checkpoint", "Shards", "TensorMeta", "StorageEntry", "METADATA_NAME", "FORMAT_NAME",
            "DCP_FORMAT_VERSION", "DCP_VERSION", "SCHEMA", "metadata_document", "check_shape", "schema_check",
            "encode_value", "decode_value", "shard_name", "tensor_key", "bytes_key", "join", "is_save_file", "holds",
-           "commit_metadata", "listing", "assemble", "ENCODINGS", "encode_entry"]
+           "commit_metadata", "listing", "assemble", "ENCODINGS", "encode_entry", "confine"]
 
 #: The names the torch storage layer provides (``tensorlist.dcp._storage``), loaded on first use.
 TORCH_NAMES = ("TensorListWriter", "TensorListReader")

@@ -8,7 +8,7 @@ A checkpoint of this layout (docs/FORMAT.md, "Distributed checkpoints (DCP)") is
 - ``.metadata.json``: the global metadata (``schemas/dcp-metadata.schema.json``),
   written last, atomically, by the coordinator: the commit point of the save.
 
-Imports ``_commit``, ``_jsonio``, ``_backends`` and numpy-free stdlib; never torch.
+Imports ``_commit``, ``_jsonio``, ``_backends`` and ``errors``; never torch.
 
 Example:
     >>> shard_name(3, "0a1b2c3d"), tensor_key("w", (0, 4)), is_save_file("3.0a1b2c3d.tl")
@@ -26,6 +26,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, Dict
 from .. import _backends
 from .._commit import atomic_file
 from .._jsonio import dumps, from_tagged, loads_strict, to_tagged
+from ..errors import FormatError
 
 #: The global metadata's file name in the checkpoint directory (DCP's own is ``.metadata``, a pickle).
 METADATA_NAME = ".metadata.json"
@@ -41,6 +42,11 @@ DCP_VERSION = "1.0.0"
 # Files a save of this layout creates: shard descriptors, their data files, and
 # the temporary names of both (a killed save leaves those); group 2 is the saveId.
 _SAVE_FILE = re.compile(r"\A\.?([0-9]+)\.([0-9a-f]{8})\.tl(\.[0-9a-f]{8}\.data)?(\.[0-9a-f]{8}\.tmp)?\Z")
+# The metadata's temporary name while it is committed (``_commit.tmp_beside``): a coordinator killed before the
+# rename leaves it behind. It belongs to no save.
+_METADATA_TMP = re.compile(r"\A\.\.metadata\.json\.[0-9a-f]{8}\.tmp\Z")
+#: What :func:`is_save_file` answers for a metadata temporary file: no saveId, so every sweep deletes it.
+NO_SAVE = ""
 
 
 @dataclass(frozen=True)
@@ -148,7 +154,21 @@ def bytes_key(fqn: str) -> str:
 
 
 def is_save_file(name: str) -> Optional[str]:
-    """The saveId of a file a save of this layout creates (shard, data, temporary), else None."""
+    """The saveId of a file a save of this layout creates (shard, data, temporary), else None.
+
+    A temporary metadata file (``..metadata.json.<8 hex>.tmp``, left by a
+    coordinator killed before its commit's rename) answers ``NO_SAVE``: it
+    is no save's, so the sweep after every commit (``saveId not in (None,
+    this save's)``) deletes it. One save per directory at a time: no live
+    commit's temporary file is ever swept.
+
+    Example:
+        >>> is_save_file("0.0a1b2c3d.tl.1f2e3d4c.data"), is_save_file("..metadata.json.0a1b2c3d.tmp"), \\
+        ...     is_save_file("notes.txt")
+        ('0a1b2c3d', '', None)
+    """
+    if _METADATA_TMP.match(name):
+        return NO_SAVE
     m = _SAVE_FILE.match(name)
     return m.group(2) if m else None
 
@@ -168,6 +188,29 @@ def holds(path, name: str) -> bool:
         fs, p = _backends.filesystem(target)
         return bool(fs.exists(p))
     return os.path.lexists(target)
+
+
+def confine(path, name: str, what: str = "file") -> str:
+    """``join(path, name)``, refused when it resolves (symlinks followed) outside the checkpoint directory.
+
+    The one confinement rule for every file of a checkpoint, shard
+    descriptors, their data files, the metadata and stock ``.distcp`` files
+    alike: the rule ``format.check_data_path`` applies to a data file, here
+    with the checkpoint directory as the only root (a link inside it is
+    followed). A URL has no links: it is returned as it is.
+
+    Raises:
+        FormatError: the file resolves outside the directory (naming the file and where it leads).
+    """
+    target = join(path, name)
+    if _backends.is_remote(os.fspath(path)):
+        return target
+    root = os.path.realpath(_backends.localize(os.fspath(path)))
+    real = os.path.realpath(target)
+    if os.path.commonpath([root, real]) != root:
+        raise FormatError(f"{what} {name!r} resolves to {real!r}, outside the checkpoint directory {root!r} (a "
+                          "symlink): refused, every file of a checkpoint must lie inside it", file=target)
+    return target
 
 
 def commit_metadata(path, doc: dict, *, durable: bool = True) -> None:

@@ -36,8 +36,8 @@ from .._jsonio import from_tagged
 from ..errors import FormatError
 from ..format import MAX_DIMS, Limits, read_json_bytes, read_json_file, short_repr
 from ..schema import schema_validator
-from .layout import (DCP_FORMAT_VERSION, ENCODINGS, FORMAT_NAME, METADATA_NAME, SCHEMA, Checkpoint, StorageEntry, TensorMeta,
-                     join)
+from .layout import (DCP_FORMAT_VERSION, ENCODINGS, FORMAT_NAME, METADATA_NAME, SCHEMA, Checkpoint, StorageEntry,
+                     TensorMeta, confine, join)
 from .tiling import check_tiling, numel
 
 
@@ -365,7 +365,7 @@ def read_metadata(path, *, limits: Limits = Limits(), schema: bool = False) -> C
     else:
         if not os.path.lexists(file):
             raise FileNotFoundError(f"{file}: no checkpoint metadata (the save never committed, or not a checkpoint)")
-        doc = read_json_file(file, limits)
+        doc = read_json_file(confine(path, METADATA_NAME, "metadata file"), limits)
     return parse_metadata(doc, file=file, path=path, schema=schema)
 
 

@@ -1,4 +1,4 @@
-"""The shards of a DCP checkpoint, opened and checked (step 5), and what reads them: ``read_full``, ``validate_checkpoint``.
+"""A DCP checkpoint's shards, opened and checked (step 5), and their readers: ``read_full``, ``validate_checkpoint``.
 
 Step 5: each shard file is a valid TensorList (every rule of FORMAT.md 2.3: a
 truncated data file is refused) and holds the named tensor with the chunk's
@@ -10,7 +10,7 @@ and numpy; never torch.
 from __future__ import annotations
 
 import os
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 import numpy as np
 
@@ -18,7 +18,7 @@ from .. import _dtypes
 from ..errors import FormatError
 from ..format import Limits
 from ..reader import Reader
-from .layout import StorageEntry, TensorMeta, decode_value, join
+from .layout import StorageEntry, TensorMeta, confine, decode_value, join
 from .metadata import read_metadata
 from .tiling import numel
 
@@ -50,7 +50,7 @@ class Shards:
         """The open reader of shard ``name`` (opened and checked on first use)."""
         r = self._readers.get(name)
         if r is None:
-            path = join(self.path, name)
+            path = confine(self.path, name, "shard file")
             try:
                 r = Reader(path, mmap=self.mmap, max_descriptor_bytes=self.limits.max_descriptor_bytes,
                            max_tensors=self.limits.max_tensors, max_total_bytes=self.limits.max_total_bytes)
@@ -61,7 +61,7 @@ class Shards:
             self._readers[name] = r
         return r
 
-    def _checked(self, entry: StorageEntry):
+    def _checked(self, entry: StorageEntry, verify: Optional[bool] = None):
         r = self.reader(entry.file)
         where = "the bytes value" if entry.offset is None else f"the chunk at offsets {list(entry.offset)}"
         if entry.tensor not in r:
@@ -72,13 +72,27 @@ class Shards:
             raise FormatError(f"{entry.fqn!r}: the metadata says {where} is {entry.dtype}{list(entry.shape)}, the "
                               f"shard holds {info.dtype.name}{list(info.shape)}", file=r.path,
                               tensor_index=info.index, tensor_name=entry.tensor)
-        if self.verify:
+        if self.verify if verify is None else verify:
             r.verify([entry.tensor])
         return r
 
     def check(self, entry: StorageEntry) -> None:
         """Opens the entry's shard and checks its tensor's dtype and shape (and CRC with ``verify``)."""
         self._checked(entry)
+
+    def check_all(self, ckpt, *, verify: bool = False) -> None:
+        """Opens every shard of ``ckpt`` (a :class:`Checkpoint`) and checks every entry: before a byte is allocated.
+
+        Each shard's descriptor is read and checked (its data file long enough
+        for what it holds), and each entry's tensor is there with its dtype and
+        shape, so a metadata that promises more than the shards hold is a
+        FormatError naming the shard, never a MemoryError. ``verify`` also
+        checks each entry's CRC32C here (reading every byte).
+        """
+        for name in ckpt.files:
+            self.reader(name)
+        for entry in ckpt.storage.values():
+            self._checked(entry, verify)
 
     def array(self, entry: StorageEntry) -> np.ndarray:
         """The stored chunk (a read-only view of the mapped file with ``mmap``), checked against the metadata."""
@@ -124,11 +138,8 @@ def validate_checkpoint(path, *, verify: bool = False, schema: bool = True, limi
             match its stored tensor, overlapping chunks, a gap...
     """
     ckpt = read_metadata(path, limits=limits, schema=schema)
-    with Shards(ckpt.path, mmap=False, verify=verify, limits=limits) as shards:
-        for name in ckpt.files:
-            shards.reader(name)
-        for entry in ckpt.storage.values():
-            shards.check(entry)
+    with Shards(ckpt.path, mmap=False, limits=limits) as shards:
+        shards.check_all(ckpt, verify=verify)
     return ckpt
 
 
@@ -159,6 +170,7 @@ def read_full(path, *, verify: bool = False, mmap: bool = True, limits: Limits =
     ckpt = read_metadata(path, limits=limits)
     out: Dict[str, Any] = {}
     with Shards(ckpt.path, mmap=mmap, verify=verify, limits=limits) as shards:
+        shards.check_all(ckpt)  # every shard there and holding its chunks before a tensor is allocated
         for fqn, t in ckpt.entries.items():
             if t is None:
                 out[fqn] = shards.value(ckpt.storage[(fqn, None)])
