@@ -96,7 +96,13 @@ class DcpSource(Source):
         """``{"dcpValues": {fqn: value}}`` for the values stored as JSON, or None (read on first use)."""
         if not self.checkpoint.bytes_keys:
             return None
-        found = {fqn: loads_strict(raw, file=self.path) for fqn, (raw, enc) in self.values().items() if enc == "json"}
+        found = {}
+        for fqn, (raw, enc) in self.values().items():
+            if enc == "json":
+                file = join(self.path, self.checkpoint.storage[(fqn, None)].file)
+                found[fqn] = loads_strict(raw, file=file)
+                from_tagged(found[fqn], file=file, where=repr(fqn))  # written as it is, once checked
+
         return {VALUES_KEY: found} if found else None
 
     @metadata.setter

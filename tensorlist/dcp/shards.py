@@ -140,6 +140,8 @@ def validate_checkpoint(path, *, verify: bool = False, schema: bool = True, limi
     ckpt = read_metadata(path, limits=limits, schema=schema)
     with Shards(ckpt.path, mmap=False, limits=limits) as shards:
         shards.check_all(ckpt, verify=verify)
+        for fqn in ckpt.bytes_keys:  # each value decodes (a malformed tagged value is refused here too)
+            shards.value(ckpt.storage[(fqn, None)])
     return ckpt
 
 
