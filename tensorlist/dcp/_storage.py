@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import math
 import os
 import copy
 import secrets
@@ -68,6 +69,7 @@ from .._torch_bridge import from_numpy, to_numpy, torch_dtype
 from .layout import (DCP_VERSION, METADATA_NAME, Checkpoint, StorageEntry, TensorMeta, bytes_key, commit_metadata,
                      encode_entry, holds, is_save_file, join, listing, shard_name, tensor_key)
 from .metadata import metadata_document, parse_metadata, read_metadata
+from .ranges import MAX_RUNS, RangeReads, bounding, slice_runs
 from .shards import Shards
 from ..errors import FormatError
 from ..format import Limits
@@ -400,6 +402,39 @@ def _copy_into(cache, v) -> bool:
     return True
 
 
+def _writable_bytes(target: torch.Tensor, dtype: torch.dtype) -> Optional[np.ndarray]:
+    """``target``'s own memory as a writable uint8 array, when it can be read into directly (else None)."""
+    if target.device.type != "cpu" or target.dtype != dtype or not target.is_contiguous() or target.is_conj() \
+            or target.is_neg() or type(target) is not torch.Tensor:
+        return None
+    try:
+        return target.reshape(-1).view(torch.uint8).numpy()
+    except (RuntimeError, TypeError):
+        return None
+
+
+def _add_slice(reads: RangeReads, data_path: str, base: int, file: str, entry: StorageEntry, req, target):
+    """Adds the byte ranges of one planned slice; returns None (read into ``target``) or what gives the staged copy."""
+    row = _dtypes.from_name(entry.dtype)
+    shape, offs, lengths = tuple(entry.shape), tuple(req.storage_offsets), tuple(req.lengths)
+    starts, run = slice_runs(shape, row.itemsize, offs, lengths)
+    if len(starts) > MAX_RUNS:  # a thin slice across many rows: its bounding range once, narrowed in memory
+        first, length = bounding(shape, row.itemsize, offs, lengths)
+        buf = np.empty(length, np.uint8)
+        reads.add(data_path, base + first, buf, file)
+        strides = tuple(row.itemsize * math.prod(shape[d + 1:]) for d in range(len(shape)))
+        return lambda: from_numpy(np.ndarray(lengths, row.numpy, buf, 0, strides))
+    dest = _writable_bytes(target, torch_dtype(entry.dtype))
+    staged = None
+    if dest is None:
+        tmp = np.empty(lengths, row.numpy)
+        dest = tmp.reshape(-1).view(np.uint8)
+        staged = lambda: from_numpy(tmp)  # noqa: E731
+    for k, start in enumerate(starts):
+        reads.add(data_path, base + start, dest[k * run:(k + 1) * run], file)
+    return staged
+
+
 def _torch_metadata(ckpt: Checkpoint, load_id: Optional[str]) -> Metadata:
     """DCP's Metadata for a checked checkpoint; storage_data maps MetadataIndex -> StorageEntry."""
     state: Dict[str, Any] = {}
@@ -457,6 +492,8 @@ class TensorListReader(_CheckpointPath, StorageReader):
         self.load_id = secrets.token_hex(8)
         self.storage: Dict[MetadataIndex, StorageEntry] = {}
         self.is_coordinator = False
+        #: Bytes read from the shards' data files by this reader's loads (the ranges asked for, or whole chunks).
+        self.bytes_read = 0
 
     def reset(self, checkpoint_id=None) -> None:
         if checkpoint_id is not None:
@@ -480,6 +517,46 @@ class TensorListReader(_CheckpointPath, StorageReader):
         return plans
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future:
+        """Reads the plan's slices: only their bytes (``dcp.ranges``), sorted by (file, offset), adjacent ones joined.
+
+        With ``verify`` (a CRC covers a whole chunk) or at a URL, each chunk
+        is read whole (mapped with ``mmap``) and narrowed instead.
+        """
+        if self.verify or _backends.is_remote(self.path):
+            self._read_whole(plan, planner)
+        else:
+            self._read_ranges(plan, planner)
+        fut: Future = Future()
+        fut.set_result(None)
+        return fut
+
+    def _target(self, req, entry: StorageEntry, planner: LoadPlanner) -> torch.Tensor:
+        target = planner.resolve_tensor(req).detach()
+        if tuple(target.size()) != tuple(req.lengths):
+            raise FormatError(f"{entry.fqn!r}: the plan reads {list(req.lengths)} from the chunk at "
+                              f"{list(entry.offset)} into a target of {list(target.size())}",
+                              file=join(self.path, entry.file))
+        return target
+
+    def _read_ranges(self, plan: LoadPlan, planner: LoadPlanner) -> None:
+        pending = []
+        with Shards(self.path, mmap=False, limits=self.limits) as shards, RangeReads() as reads:
+            for req in plan.items:
+                entry: StorageEntry = self.storage[req.storage_index]
+                if req.type == LoadItemType.BYTE_IO:
+                    planner.load_bytes(req, self._bytes_for_planner(shards, entry))
+                    continue
+                data_path, base, file = shards.locate(entry)
+                target = self._target(req, entry, planner)
+                pending.append((req, target, _add_slice(reads, data_path, base, file, entry, req, target)))
+            reads.run()
+        self.bytes_read += reads.bytes_read
+        for req, target, staged in pending:
+            if staged is not None:
+                target.copy_(staged())
+            planner.commit_tensor(req, target)
+
+    def _read_whole(self, plan: LoadPlan, planner: LoadPlanner) -> None:
         with Shards(self.path, mmap=self.mmap, verify=self.verify, limits=self.limits) as shards:
             for req in sorted(plan.items, key=lambda r: self.storage[r.storage_index].file):
                 entry: StorageEntry = self.storage[req.storage_index]
@@ -489,16 +566,10 @@ class TensorListReader(_CheckpointPath, StorageReader):
                 t = from_numpy(shards.array(entry))
                 for d, (o, n) in enumerate(zip(req.storage_offsets, req.lengths)):
                     t = t.narrow(d, o, n)
-                target = planner.resolve_tensor(req).detach()
-                if target.size() != t.size():
-                    raise FormatError(f"{entry.fqn!r}: the plan reads {list(t.size())} from the chunk at "
-                                      f"{list(entry.offset)} into a target of {list(target.size())}",
-                                      file=join(self.path, entry.file))
+                target = self._target(req, entry, planner)
                 target.copy_(t)
+                self.bytes_read += t.numel() * t.element_size()
                 planner.commit_tensor(req, target)
-        fut: Future = Future()
-        fut.set_result(None)
-        return fut
 
     def _bytes_for_planner(self, shards: Shards, entry: StorageEntry) -> io.BytesIO:
         """The stream ``LoadPlanner.load_bytes`` expects: a torch.save of the value.

@@ -10,7 +10,7 @@ and numpy; never torch.
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
@@ -93,6 +93,12 @@ class Shards:
             self.reader(name)
         for entry in ckpt.storage.values():
             self._checked(entry, verify)
+
+    def locate(self, entry: StorageEntry) -> Tuple[str, int, str]:
+        """Where a stored chunk's bytes lie: ``(data file, byte offset in it, shard descriptor)``, checked first."""
+        r = self._checked(entry, False)
+        d = r.descriptor
+        return d.data_path, d.byte_offset + r.info(entry.tensor).byte_offset, r.path
 
     def array(self, entry: StorageEntry) -> np.ndarray:
         """The stored chunk (a read-only view of the mapped file with ``mmap``), checked against the metadata."""
