@@ -64,7 +64,7 @@ from torch.distributed.tensor import DTensor
 from torch.futures import Future
 
 from .. import _backends, _dtypes
-from .._jsonio import dumps, from_tagged, to_tagged
+from .._jsonio import dumps, to_tagged
 from .._torch_bridge import from_numpy, to_numpy, torch_dtype
 from .layout import (DCP_VERSION, METADATA_NAME, Checkpoint, StorageEntry, TensorMeta, bytes_key, commit_metadata,
                      encode_entry, holds, is_save_file, join, listing, shard_name, tensor_key)
@@ -451,8 +451,7 @@ def _torch_metadata(ckpt: Checkpoint, load_id: Optional[str]) -> Metadata:
     sm = ckpt.storage_meta or {}
     meta = StorageMeta(checkpoint_id=sm.get("checkpointId"), save_id=sm.get("saveId"), load_id=load_id,
                        modules=list(sm.get("modules") or []))
-    planner_data = None if ckpt.planner_data is None else from_tagged(ckpt.planner_data, file=ckpt.metadata_file,
-                                                                       where="plannerData")
+    planner_data = ckpt.planner_value
     version = {"version": ckpt.dcp_version} if _METADATA_HAS_VERSION else {}
     return Metadata(state_dict_metadata=state, planner_data=planner_data, storage_data=storage, storage_meta=meta,
                     **version)

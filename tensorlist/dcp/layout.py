@@ -114,6 +114,7 @@ class Checkpoint:
         planner_data: the planner data as stored (tagged JSON; ``from_tagged`` restores tuples).
         storage_meta: the stored StorageMeta fields, or None.
         tree: a framework adapter's description of the saved object (``"tree"``), or None.
+        planner_value: the planner data decoded (``from_tagged``: tuples and non-finite floats back), or None.
     """
 
     path: str
@@ -126,6 +127,7 @@ class Checkpoint:
     planner_data: Any = None
     storage_meta: Optional[Dict[str, Any]] = None
     tree: Optional[Dict[str, Any]] = None
+    planner_value: Any = None
 
     @property
     def tensors(self) -> Dict[str, TensorMeta]:

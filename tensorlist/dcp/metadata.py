@@ -338,10 +338,10 @@ def parse_metadata(doc: Any, *, file: str, path: Optional[str] = None, schema: b
                 what = "the bytes value" if off is None else f"the chunk at offsets {list(off)}"
                 raise FormatError(f"{fqn!r}: {what} has no storage entry", file=file,
                                   field=f"/stateDict/{_escape(fqn)}")
-    if doc.get("plannerData") is not None:
-        from_tagged(doc["plannerData"], file=file, where="plannerData")  # a malformed tag is refused here, once
+    planner = doc.get("plannerData")  # decoded here, once: a malformed tag is refused by every reader
+    planner_value = None if planner is None else from_tagged(planner, file=file, where="plannerData")
     return Checkpoint(os.fspath(path), file, doc["saveId"], doc.get("dcpVersion"), files, entries, storage,
-                      doc.get("plannerData"), doc.get("storageMeta"), doc.get("tree"))
+                      planner, doc.get("storageMeta"), doc.get("tree"), planner_value)
 
 
 def read_metadata(path, *, limits: Limits = Limits(), schema: bool = False) -> Checkpoint:
