@@ -113,7 +113,8 @@ def _missing_shard(path, tmp_path):
 # class id, how to break the checkpoint, the message, the file it must name (relative to the checkpoint)
 HOSTILE = [
     ("shard symlinked out", _shard_link, r"shard file '0\.0123abcd\.tl' resolves to .*outside the checkpoint", SHARD0),
-    ("metadata symlinked out", _metadata_link, r"metadata file '\.metadata\.json' resolves to .*outside", METADATA_NAME),
+    ("metadata symlinked out", _metadata_link, r"metadata file '\.metadata\.json' resolves to .*outside",
+     METADATA_NAME),
     ("value __float__ not a text", _bad_float, r"'step': malformed tagged value .*__float__ takes", SHARD0),
     ("value __dict__ pair of one", _bad_dict, r"'step': malformed tagged value .*__dict__ takes an array of \[key, "
      "value\\] pairs", SHARD0),

@@ -110,7 +110,8 @@ class DcpSource(Source):
         pass  # computed from the checkpoint (Source.__init__ sets it)
 
     def pickled(self) -> List[str]:
-        """The values stored as pickles (``torch_save``): kept only by a ``dcp`` destination."""
+        """The values not stored as JSON (pickles, ``torch_save``; raw ``bytes``/``bytes_io``): kept only by a
+        ``dcp`` destination."""
         return [fqn for fqn, (_, enc) in self.values().items() if enc != "json"]
 
 

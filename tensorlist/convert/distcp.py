@@ -583,7 +583,8 @@ def load_chunk(ckpt: TorchCheckpoint, fqn: str, offsets: Tuple[int, ...]) -> np.
 
 
 def load_value(ckpt: TorchCheckpoint, fqn: str) -> Tuple[bytes, str]:
-    """A bytes value as the tensorlist layout stores it: ``(JSON text, "json")``, or ``(its pickle, "torch_save")``.
+    """A bytes value as the tensorlist layout stores it: ``(JSON text, "json")``, ``(raw bytes, "bytes")`` for a
+    ``bytes`` value, or ``(its pickle, "torch_save")``.
 
     The pickle is loaded with ``torch.load(weights_only=True)`` only; a value
     that this refuses, or that JSON cannot hold, is kept as its raw bytes (with
@@ -593,6 +594,8 @@ def load_value(ckpt: TorchCheckpoint, fqn: str) -> Tuple[bytes, str]:
     where = join(ckpt.path, ckpt.records[(fqn, None)].file)
     try:
         value = _torch_load(raw, expansion_cap(len(raw), None), where, f"{fqn!r}")
+        if isinstance(value, (bytes, bytearray)):  # raw bytes need no pickle and no JSON: kept as they are
+            return bytes(value), "bytes"
         return encode_value(value, fqn), "json"
     except (FormatError, TypeError) as e:
         warnings.warn(f"{where}: {fqn!r} is kept as its torch.save bytes (encoding torch_save, never unpickled): "

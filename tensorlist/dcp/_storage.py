@@ -1,4 +1,4 @@
-"""torch.distributed.checkpoint (DCP) storage on tensorlist files, with no pickle anywhere.
+"""The torch storage layer of :mod:`tensorlist.dcp`: DCP storage on tensorlist files, with no pickle anywhere.
 
 :class:`TensorListWriter` and :class:`TensorListReader` plug into
 ``dcp.save``, ``dcp.async_save`` and ``dcp.load`` in place of DCP's
@@ -9,24 +9,29 @@ What changes is the storage (docs/FORMAT.md, "Distributed checkpoints (DCP)"):
 
 - each rank writes its chunks as one TensorList, ``<rank>.<saveId>.tl``, with
   ``tensorlist.save`` (atomic and durable: data file, fsync, descriptor); a
-  chunk is a tensor named ``<fqn>@<offsets>``, loaded back through a
-  zero-copy memory map instead of one ``torch.load`` per chunk;
-- non-tensor values (DCP's bytes entries) are stored as JSON in uint8
-  tensors; values JSON cannot hold are refused (a TypeError naming the key)
-  unless the caller opts in with ``allow_pickle=True``;
+  chunk is a tensor named ``<fqn>@<offsets>``; a load reads only the byte
+  ranges of the slices it is asked for (:mod:`tensorlist.dcp.ranges`: preadv,
+  sorted by file offset, adjacent ones joined, straight into the targets);
+- non-tensor values (DCP's bytes entries) are stored in uint8 tensors: raw
+  ``bytes`` and ``io.BytesIO`` as they are, everything else as JSON; values
+  JSON cannot hold are refused (a TypeError naming the key) unless the caller
+  opts in with ``allow_pickle=True``;
 - the coordinator writes the global metadata last, as JSON
   (``.metadata.json``, checked against ``schemas/dcp-metadata.schema.json``
-  before it is written and when read), with ``dcp_read.commit_metadata``:
+  before it is written and when read), with ``dcp.layout.commit_metadata``:
   that rename (or put) is the commit point. Every save draws a fresh ``saveId``, so a save
   killed before its commit leaves the previous checkpoint in the same
   directory intact; the next committed save deletes what older saves left.
 
-Checkpoints are read without torch too: :func:`read_full` and
-:func:`validate_checkpoint` come from :mod:`tensorlist.dcp_read`.
+``dcp.async_save`` works with this writer as its own stager (a CPU copy kept
+across saves) and with torch's ``DefaultStager(StagingOptions(...))`` and
+``async_checkpointer_type=PROCESS`` (tests/test_dcp_async.py).
 
-Imports torch (an adapter), ``dcp_read``, ``writer``, ``format``,
-``_torch_bridge``, ``_backends``, ``_jsonio``, ``_dtypes`` and
-``errors`` (fsspec for URLs). Only ``loops.sharded`` imports it (lazily, for sharded checkpoints).
+Imports torch (an adapter), ``dcp.layout``, ``dcp.metadata``, ``dcp.ranges``,
+``dcp.shards``, ``writer``, ``format``, ``_torch_bridge``, ``_backends``,
+``_jsonio``, ``_dtypes`` and ``errors`` (fsspec for URLs). Loaded by
+:mod:`tensorlist.dcp` when a storage class is first asked for; ``loops.sharded``
+imports it (lazily, for sharded checkpoints).
 
 Example:
     >>> import torch, tempfile, torch.distributed.checkpoint as dcp
@@ -461,23 +466,27 @@ class TensorListReader(_CheckpointPath, StorageReader):
     """A DCP ``StorageReader`` for checkpoints written by :class:`TensorListWriter`.
 
     Use it as ``dcp.load(state_dict, storage_reader=TensorListReader(path))``;
-    DCP reshards to the state dict's layout. Chunks are read through memory
-    maps: a chunk that one rank needs whole is copied once, from the page
-    cache into the target tensor.
+    DCP reshards to the state dict's layout. Each load reads only the bytes of
+    the slices its plan asks for (a rank that needs half of a saved chunk
+    reads that half), with ``preadv`` straight into the target tensors where
+    they are contiguous CPU tensors of the stored dtype; :attr:`bytes_read`
+    counts them.
 
     Args:
         path: the checkpoint directory, or an fsspec URL.
         allow_pickle: load bytes entries stored with ``torch.save`` (they run
             pickle; only for checkpoints you trust). Refused by default with a
             FormatError naming the key.
-        mmap: map the shards (default) or read them with pread (safer where
-            files may be truncated while the checkpoint is read).
-        verify: check the CRC32C of every chunk read.
+        mmap: with ``verify`` or at a URL, where whole chunks are read: map
+            the shards (default) or read them with pread. The byte-range reads
+            of every other load never map.
+        verify: check the CRC32C of every chunk read (each chunk is then read
+            whole: a CRC covers the chunk).
         limits: policy limits for the metadata and shard descriptors.
 
     Raises (from ``dcp.load``, wrapped by DCP in a CheckpointException):
         FormatError: the checkpoint breaks a rule of its layout (naming the
-            file and the fqn): see :mod:`tensorlist.dcp_read`.
+            file and the fqn): see :mod:`tensorlist.dcp.metadata` and :mod:`tensorlist.dcp.shards`.
     """
 
     def __init__(self, path, *, allow_pickle: bool = False, mmap: bool = True, verify: bool = False,
