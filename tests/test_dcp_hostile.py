@@ -131,6 +131,11 @@ HOSTILE = [
 ]
 
 
+# the classes a dcp.load (TensorListReader) meets on resume, with a template of the saved state dict
+TORCH_LOAD = ("shard symlinked out", "metadata symlinked out", "value __float__ not a text",
+              "value __dict__ pair of one", "plannerData __float__", "10^4 dims", "a shard missing")
+
+
 @pytest.mark.filterwarnings("ignore::UserWarning")
 class TestHostileCheckpoints:
     """Each class of hostile directory through every reader: read_full, validate_checkpoint, convert."""
@@ -156,6 +161,33 @@ class TestHostileCheckpoints:
                 convert(path, tmp_path / "out.tl", progress=False)
         assert e.value.file == str(path / named)
         assert time.perf_counter() - t0 < 5
+
+    @pytest.mark.parametrize("broken", [h for h in HOSTILE if h[0] in TORCH_LOAD], ids=list(TORCH_LOAD),
+                             indirect=True)
+    def test_refused_by_dcp_load_naming_the_file(self, broken):
+        torch = pytest.importorskip("torch", reason="dcp.load needs torch")
+        import torch.distributed.checkpoint as dcp
+        from tensorlist.dcp import TensorListReader
+        path, message, named = broken
+        template = {"w": torch.zeros(8, 6), "h": torch.zeros(4, 4, dtype=torch.bfloat16),
+                    "b": torch.zeros(5, dtype=torch.int64), "s": torch.tensor(0.0, dtype=torch.float64),
+                    "e": torch.zeros(0, 3), "step": 0, "betas": None, "best": None}
+        with pytest.raises(BaseException, match=message) as e:  # DCP wraps it in a CheckpointException
+            dcp.load(template, storage_reader=TensorListReader(path))
+        assert str(path / named) in str(e.value)
+
+    def test_a_truncated_data_file_on_resume_is_a_format_error_naming_it(self, tmp_path):
+        torch = pytest.importorskip("torch", reason="dcp.load needs torch")
+        import torch.distributed.checkpoint as dcp
+        from tensorlist.dcp import TensorListReader
+        path = make_checkpoint(tmp_path / "ckpt")
+        data = next(n for n in os.listdir(path) if n.startswith(SHARD0 + ".") and n.endswith(".data"))
+        os.truncate(path / data, 16)
+        with pytest.raises(BaseException, match=r"truncated|bytes but the list needs") as e:
+            dcp.load({"w": torch.zeros(8, 6)}, storage_reader=TensorListReader(path))
+        assert SHARD0 in str(e.value)
+        with pytest.raises(FormatError, match=r"truncated|bytes but the list needs"):
+            read_full(path)
 
     def test_a_stock_distcp_file_symlinked_out_is_refused(self, tmp_path):
         torch = pytest.importorskip("torch", reason="writing a stock DCP checkpoint needs torch")
