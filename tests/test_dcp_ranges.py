@@ -73,6 +73,20 @@ def test_a_data_file_shorter_than_a_range_is_a_format_error_naming_the_shard(tmp
     assert e.value.file == str(tmp_path / "0.x.tl")
 
 
+def test_without_preadv_the_ranges_are_read_one_by_one(tmp_path, monkeypatch):
+    import tensorlist.dcp.ranges as ranges
+    data = bytes(range(200))
+    f = tmp_path / "d.bin"
+    f.write_bytes(data)
+    monkeypatch.delattr(ranges.os, "preadv")
+    bufs = [bytearray(10), bytearray(5)]
+    with RangeReads() as reads:
+        reads.add(str(f), 0, bufs[0], "x.tl")
+        reads.add(str(f), 10, bufs[1], "x.tl")
+        reads.run()
+    assert bytes(bufs[0] + bufs[1]) == data[:15] and reads.calls == 1
+
+
 # --- through dcp.load ------------------------------------------------------------------------
 
 torch = pytest.importorskip("torch", reason="TensorListReader needs torch")
@@ -161,3 +175,4 @@ def test_a_whole_load_through_dcp_reads_every_byte_once(tmp_path):
         dcp.load(part, storage_reader=reader)
     assert torch.equal(part["w"], w) and reader.bytes_read == w.numel() * 4
     assert os.path.exists(tmp_path / ".metadata.json")
+

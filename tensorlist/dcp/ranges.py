@@ -137,7 +137,7 @@ class RangeReads:
                     continue
                 bufs.append(v[skip:])
                 skip = 0
-            got = os.preadv(fd, bufs, offset + done)
+            got = _preadv(fd, bufs, offset + done)
             self.calls += 1
             if got <= 0:
                 raise FormatError(f"data file {path!r} ends at byte {offset + done}, before the "
@@ -155,6 +155,24 @@ class RangeReads:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _preadv(fd: int, bufs: List[memoryview], offset: int) -> int:
+    """``os.preadv`` where the platform has it; else one positioned read per buffer (Windows: seek and read)."""
+    if hasattr(os, "preadv"):
+        return os.preadv(fd, bufs, offset)
+    got = 0
+    for b in bufs:
+        if hasattr(os, "pread"):
+            data = os.pread(fd, len(b), offset + got)
+        else:
+            os.lseek(fd, offset + got, os.SEEK_SET)
+            data = os.read(fd, len(b))
+        b[:len(data)] = data
+        got += len(data)
+        if len(data) < len(b):
+            break
+    return got
 
 
 def bounding(shape: Sequence[int], itemsize: int, offsets: Sequence[int],
