@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 import posixpath
 import re
+from itertools import chain
 from typing import Any, Dict, Optional, Sequence, Tuple, List
 
 from .. import _backends, _dtypes
@@ -175,10 +176,15 @@ class _Shape:
         self.dims(d["size"], f"{at}/size")
         if not isinstance(d["chunks"], list):
             self.fail(f"{at}/chunks", "chunks is not an array")
-        for i, c in enumerate(d["chunks"]):
+        if _chunks_ok(d["chunks"]):
+            return self.properties(d, at)
+        for i, c in enumerate(d["chunks"]):  # the slow walk: only to name what is wrong
             self.object(c, f"{at}/chunks/{i}", ("offsets", "sizes"), ("offsets", "sizes"))
             self.dims(c["offsets"], f"{at}/chunks/{i}/offsets")
             self.dims(c["sizes"], f"{at}/chunks/{i}/sizes")
+        self.properties(d, at)
+
+    def properties(self, d: dict, at: str) -> None:
         p = self.object(d["properties"], f"{at}/properties", _PROPERTY_KEYS, tuple(_PROPERTY_KEYS))
         self.string(p["layout"], f"{at}/properties/layout", choices=("strided",))
         self.boolean(p["requiresGrad"], f"{at}/properties/requiresGrad")
@@ -217,7 +223,7 @@ class _Shape:
                 self.fail(at, f"{short_repr(d)} is neither a tensor nor a bytes entry")
         if not isinstance(doc["storage"], list):
             self.fail("/storage", "storage is not an array")
-        for k, e in enumerate(doc["storage"]):
+        for k, e in enumerate(doc["storage"] if not _entries_ok(doc["storage"]) else ()):  # slow: to name it
             at = f"/storage/{k}"
             self.object(e, at, _ENTRY_KEYS, _ENTRY_REQUIRED)
             self.string(e["fqn"], f"{at}/fqn")
@@ -246,6 +252,46 @@ class _Shape:
             if "format" not in tree:
                 self.fail("/tree", "'format' is a required property")
             self.string(tree["format"], "/tree/format")
+
+
+def _numbers_ok(lists) -> bool:
+    """Every list a list of at most ``MAX_DIMS`` ints in [0, 2^63) (one pass over all of them)."""
+    if not all(type(v) is list and len(v) <= MAX_DIMS for v in lists):
+        return False
+    nums = list(chain.from_iterable(lists))
+    return all(type(x) is int for x in nums) and (not nums or (min(nums) >= 0 and max(nums) <= _MAX_COUNT))
+
+
+def _chunks_ok(chunks: list) -> bool:
+    """The fast check of a tensor's chunks (the hand-written walk runs only when this says no)."""
+    if not all(type(c) is dict and len(c) == 2 and "offsets" in c and "sizes" in c for c in chunks):
+        return False
+    return _numbers_ok([c["offsets"] for c in chunks]) and _numbers_ok([c["sizes"] for c in chunks])
+
+
+def _entries_ok(entries: list) -> bool:
+    """The fast check of the storage entries (the hand-written walk runs only when this says no)."""
+    files_ok: Dict[str, bool] = {}
+    offsets = []
+    for e in entries:
+        if type(e) is not dict or not _ENTRY_KEYS.issuperset(e) or len(e) < len(_ENTRY_REQUIRED):
+            return False
+        try:
+            fqn, off, file, tensor, n = e["fqn"], e["offset"], e["file"], e["tensor"], e["byteLength"]
+        except KeyError:
+            return False
+        if type(fqn) is not str or type(tensor) is not str or type(n) is not int or not 0 <= n <= _MAX_COUNT:
+            return False
+        if type(file) is not str:
+            return False
+        ok = files_ok.get(file)
+        if ok is None:
+            ok = files_ok[file] = bool(_FILE_NAME.match(file))
+        if not ok or ("encoding" in e and e["encoding"] not in ENCODINGS):
+            return False
+        if off is not None:
+            offsets.append(off)
+    return _numbers_ok(offsets)
 
 
 def check_shape(doc: Any, *, file: str, schema: bool = False) -> None:
@@ -292,6 +338,8 @@ def parse_metadata(doc: Any, *, file: str, path: Optional[str] = None, schema: b
             chunk_of.setdefault((fqn, off), sz)  # equal offsets twice: both chunks are empty (tiling checked)
         entries[fqn] = t
     files = tuple(doc["files"])
+    known_files = frozenset(files)
+    itemsize = {fqn: _dtypes.from_name(t.dtype).itemsize for fqn, t in entries.items() if t is not None}
     storage: Dict[Tuple[str, Optional[Tuple[int, ...]]], StorageEntry] = {}
     names: Dict[Tuple[str, str], int] = {}
     for k, d in enumerate(doc["storage"]):
@@ -300,7 +348,7 @@ def parse_metadata(doc: Any, *, file: str, path: Optional[str] = None, schema: b
         if fqn not in entries:
             raise FormatError(f"storage entry {k} is for {short_repr(fqn)}, which is not in stateDict",
                               file=file, field=f"{at}/fqn")
-        if d["file"] not in files:
+        if d["file"] not in known_files:
             raise FormatError(f"{fqn!r}: storage entry {k} names file {d['file']!r}, which is not in files",
                               file=file, field=f"{at}/file")
         t = entries[fqn]
@@ -319,19 +367,20 @@ def parse_metadata(doc: Any, *, file: str, path: Optional[str] = None, schema: b
             if sizes is None:
                 raise FormatError(f"{fqn!r}: storage entry {k} is for offsets {list(off)}, which no chunk of the "
                                   "tensor has", file=file, field=f"{at}/offset")
-            want = numel(sizes) * _dtypes.from_name(t.dtype).itemsize
+            want = numel(sizes) * itemsize[fqn]
             if d["byteLength"] != want:
                 raise FormatError(f"{fqn!r}: storage entry {k} says {d['byteLength']} bytes, the chunk of sizes "
                                   f"{list(sizes)} ({t.dtype}) has {want}", file=file, field=f"{at}/byteLength")
             e = StorageEntry(fqn, off, d["file"], d["tensor"], d["byteLength"], None, t.dtype, sizes)
-        if e.key in storage:
+        key, where = (fqn, e.offset), (e.file, e.tensor)
+        if key in storage:
             raise FormatError(f"{fqn!r}: two storage entries for offsets "
                               f"{'(bytes)' if e.offset is None else list(e.offset)}", file=file, field=at)
-        if (e.file, e.tensor) in names:
-            raise FormatError(f"{fqn!r}: storage entries {names[(e.file, e.tensor)]} and {k} both point to "
+        if where in names:
+            raise FormatError(f"{fqn!r}: storage entries {names[where]} and {k} both point to "
                               f"tensor {e.tensor!r} of {e.file!r}", file=file, field=f"{at}/tensor")
-        names[(e.file, e.tensor)] = k
-        storage[e.key] = e
+        names[where] = k
+        storage[key] = e
     for fqn, t in entries.items():
         for off in ([None] if t is None else [o for o, _ in t.chunks]):
             if (fqn, off) not in storage:
