@@ -19,7 +19,8 @@ if importlib.util.find_spec("tensorflow") is not None and importlib.util.find_sp
 collect_ignore = []
 if importlib.util.find_spec("torch") is None:
     collect_ignore += ["tensorlist/torch.py", "tensorlist/_torch_bridge.py", "tensorlist/_staging.py",
-                       "tensorlist/nn.py", "tensorlist/dcp.py", "tensorlist/loops"]
+                       "tensorlist/nn.py", "tensorlist/dcp/_storage.py", "tensorlist/loops",
+                       "tensorlist/huggingface.py"]
 if importlib.util.find_spec("mlx") is None:
     collect_ignore += ["tensorlist/mlx.py", "tensorlist/_mlx_bridge.py"]
 if importlib.util.find_spec("tensorflow") is None:

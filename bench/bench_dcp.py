@@ -24,12 +24,24 @@ bfloat16. Timed, each the slowest rank's time, median of ``--repeat`` runs
   of the previous save is reused, ``cache_staged_state_dict=True``, the
   default), and with a new writer per save (fresh memory every time).
 
+* async_save with torch's own stagers (torch >= 2.9): ``DefaultStager(StagingOptions(...))`` with shared
+  memory and async staging (the stall is until ``async_save`` returns its ``AsyncSaveResponse``), and
+  ``async_checkpointer_type=PROCESS`` (the writer is sent to a background process);
+* resharding load, cold and warm (a second set of ``--load-world`` processes, default twice ``--world``,
+  loads the checkpoints the first set saved, so each rank needs half of one saved chunk of every tensor):
+  ``FileSystemReader``, ``TensorListReader`` (byte ranges with ``preadv``) and the mapped whole-chunk read
+  it replaced. Cold: every file of the checkpoint evicted from the page cache with
+  ``posix_fadvise(DONTNEED)`` before each load (no root needed). Bytes read are the kernel's
+  ``/proc/self/io`` ``read_bytes`` (from storage: cold rows only), summed over the ranks, against the bytes
+  the ranks' shards hold; TensorListReader's own count of its preads is printed too;
+* one key out of many, cold: each rank loads ``layer3.weight`` alone.
+
 Ratios print as ``FileSystem time / tensorlist time`` (above 1: tensorlist
 faster) and ``stall / blocking save`` (below 1: the loop waits less), next to
 the targets of issue 12 (save >= 1.0x, load >= 1.5x, stall <= 0.2x).
 
 Usage:
-    python bench/bench_dcp.py [--quick] [--mib 256] [--world 2] [--repeat 3] [--dir DIR]
+    python bench/bench_dcp.py [--quick] [--mib 256] [--world 2] [--load-world 4] [--repeat 3] [--dir DIR]
 """
 from __future__ import annotations
 
@@ -45,7 +57,7 @@ import tempfile
 import time
 import warnings
 
-TARGETS = {"save": 1.0, "load": 1.5, "stall": 0.2}
+TARGETS = {"save": 1.0, "load": 1.5, "stall": 0.2, "read": 1.1}
 N_TENSORS = 16
 
 
@@ -56,9 +68,13 @@ def _args(argv=None):
     p.add_argument("--world", type=int, default=2, help="gloo processes")
     p.add_argument("--repeat", type=int, default=3, help="timed runs per contender (the median is printed)")
     p.add_argument("--dir", default=None, help="where the checkpoints go (default: a temporary directory)")
+    p.add_argument("--load-world", type=int, default=None, help="processes of the resharding load (default 2x world)")
+    p.add_argument("--phase", default="save", help=argparse.SUPPRESS)
     p.add_argument("--rank", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
+    if a.load_world is None:
+        a.load_world = 2 * a.world
     if a.quick:
         a.mib, a.repeat = 8.0, 1
     return a
@@ -119,6 +135,24 @@ def _rank_main(a) -> None:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return float(t)
 
+    def stall_stager(kind: str) -> float:
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+        from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType, AsyncSaveResponse
+        process = kind == "process"
+        # shared memory both ways (the background process reads the staged copy from it); async staging on a thread
+        stager = DefaultStager(StagingOptions(False, True, not process, False))
+        w = TensorListWriter(os.path.join(a.dir, f"tl-async-{kind}"))
+        dist.barrier()
+        t0 = time.perf_counter()
+        r = dcp.async_save(sd, storage_writer=w, process_group=async_group, async_stager=stager,
+                           async_checkpointer_type=AsyncCheckpointerType.PROCESS if process
+                           else AsyncCheckpointerType.THREAD)
+        t = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+        (r.upload_completion if isinstance(r, AsyncSaveResponse) else r).result()
+        stager.close()
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float(t)
+
     writer = TensorListWriter(tl_dir)
 
     def save_tl() -> float:
@@ -134,6 +168,9 @@ def _rank_main(a) -> None:
         "stall": lambda: stall(kept),
         "stall fresh": lambda: stall(TensorListWriter(os.path.join(a.dir, "tl-async-fresh"))),
     }
+    if _has_stagers():
+        contenders["stall stager"] = lambda: stall_stager("thread")
+        contenders["stall process"] = lambda: stall_stager("process")
     times = {k: [] for k in list(contenders) + ["cleanup"]}
     rounds = a.repeat if a.quick else a.repeat + 1
     for r in range(rounds):
@@ -168,6 +205,148 @@ def _report(a, total: int, m) -> None:
     print(f"async_save stall {m['stall']:7.3f} s vs blocking save {m['save tl']:7.3f} s  ratio {st:5.2f}x  "
           f"(target <= {TARGETS['stall']}x; one writer, staged copy reused)")
     print(f"       a new writer per save (staged into fresh memory): {m['stall fresh']:7.3f} s, {stf:5.2f}x")
+    if "stall stager" in m:
+        print(f"       DefaultStager(shared memory, async staging) on a thread: {m['stall stager']:7.3f} s, "
+              f"{m['stall stager'] / m['save tl']:5.2f}x; AsyncCheckpointerType.PROCESS (shared memory): "
+              f"{m['stall process']:7.3f} s, "
+              f"{m['stall process'] / m['save tl']:5.2f}x")
+    else:
+        print("       (this torch has no DefaultStager/AsyncCheckpointerType.PROCESS: torch >= 2.9)")
+
+
+def _has_stagers() -> bool:
+    from torch.distributed.checkpoint import staging
+    try:
+        from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType  # noqa: F401
+    except ImportError:
+        return False
+    return hasattr(staging, "DefaultStager")
+
+
+def _read_bytes() -> int:
+    """Bytes this process has read from storage (``/proc/self/io``; 0 where there is none)."""
+    try:
+        with open("/proc/self/io") as f:
+            return int(next(line for line in f if line.startswith("read_bytes:")).split()[1])
+    except (OSError, StopIteration):
+        return 0
+
+
+def _evict(folder: str) -> None:
+    """Drops every file of ``folder`` from the page cache (``posix_fadvise(DONTNEED)``; written and synced)."""
+    for name in os.listdir(folder):
+        path = os.path.join(folder, name)
+        if os.path.isfile(path):
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def _load_main(a) -> None:
+    """Phase 2: ``--load-world`` ranks load what ``--world`` ranks saved (a reshard), cold and warm."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.futures import Future
+
+    from tensorlist.dcp import TensorListReader
+
+    class MappedReader(TensorListReader):
+        """The load this layout had before byte ranges: each chunk mapped whole, then narrowed."""
+
+        def read_data(self, plan, planner):
+            self._read_whole(plan, planner)
+            fut = Future()
+            fut.set_result(None)
+            return fut
+
+    warnings.simplefilter("ignore")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{a.port}", rank=a.rank, world_size=a.load_world,
+                            timeout=datetime.timedelta(seconds=600))
+    mesh = init_device_mesh("cpu", (a.load_world,))
+    torch.manual_seed(0)
+    sd = _state_dict(mesh, a.mib, a.world)  # the same global tensors, now on load_world ranks
+    target = {k: torch.zeros_like(v) for k, v in sd.items()}
+    fs_dir, tl_dir = os.path.join(a.dir, "fs"), os.path.join(a.dir, "tl")
+    one = "layer3.weight"
+    readers = {"fs": lambda: FileSystemReader(fs_dir), "tl": lambda: TensorListReader(tl_dir),
+               "mapped": lambda: MappedReader(tl_dir)}
+    folders = {"fs": fs_dir, "tl": tl_dir, "mapped": tl_dir}
+
+    def rchar() -> int:
+        with open("/proc/self/io") as f:
+            return int(next(line for line in f if line.startswith("rchar:")).split()[1])
+
+    def one_load(kind: str, keys, no_dist: bool):
+        reader = readers[kind]()
+        part = {k: target[k] for k in keys}
+        before, chars = _read_bytes(), rchar()
+        t0 = time.perf_counter()
+        dcp.load(part, storage_reader=reader, no_dist=no_dist)
+        t = time.perf_counter() - t0
+        return [t, _read_bytes() - before, getattr(reader, "bytes_read", 0), rchar() - chars,
+                sum(part[k].to_local().numel() * part[k].to_local().element_size() for k in keys)]
+
+    def measure(kind: str, cold: bool, keys):
+        """Cold: the ranks load one after another (``no_dist``), each after evicting the checkpoint, so no rank
+        reads what another brought into the page cache. Warm: one collective ``dcp.load``."""
+        if cold:
+            mine = None
+            for r in range(a.load_world):
+                if r == a.rank:
+                    _evict(folders[kind])
+                    mine = one_load(kind, keys, True)
+                dist.barrier()
+        else:
+            dist.barrier()
+            mine = one_load(kind, keys, False)
+        stats = torch.tensor(mine, dtype=torch.float64)
+        spread = stats.clone()
+        dist.all_reduce(stats, op=dist.ReduceOp.SUM)
+        dist.all_reduce(spread, op=dist.ReduceOp.MAX)
+        # cold: the mean rank's time (they ran one after another); warm: the slowest rank's
+        t = float(stats[0]) / a.load_world if cold else float(spread[0])
+        return {"time": t, "read": float(stats[1]), "counted": float(stats[2]), "chars": float(stats[3]),
+                "needed": float(stats[4])}
+
+    rows = {}
+    for cold, keys, label in ((True, list(sd), "cold"), (False, list(sd), "warm"), (True, [one], "one key")):
+        for kind in readers:
+            runs = [measure(kind, cold, keys) for _ in range(a.repeat)]
+            rows[(label, kind)] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    for k in sd:
+        assert torch.equal(target[k].to_local(), sd[k].to_local()), f"{k}: the resharded load differs"
+    if a.rank == 0:
+        _report_load(a, rows)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _report_load(a, rows) -> None:
+    print(f"resharding load: saved on {a.world} ranks, loaded on {a.load_world} (each rank needs half of one saved "
+          f"chunk per tensor); median of {a.repeat}. Cold rows: the ranks load one after another, each after "
+          "evicting the checkpoint from the page cache (time: the mean rank's); bytes read: /proc/self/io "
+          "read_bytes summed over the ranks, next to the bytes their shards hold. Warm rows: one collective load "
+          "(the slowest rank's time)")
+    names = {"fs": "FileSystemReader", "tl": "TensorListReader", "mapped": "mapped whole chunks"}
+    for label in ("cold", "warm", "one key"):
+        fs = rows[(label, "fs")]["time"]
+        for kind in ("fs", "tl", "mapped"):
+            r = rows[(label, kind)]
+            ratio = f"  speed vs FileSystemReader {fs / r['time']:5.2f}x" if kind != "fs" else ""
+            read = (f"  read {r['read'] / (1 << 20):8.1f} MiB = {r['read'] / r['needed']:4.2f}x needed"
+                    if label != "warm" else "")
+            counted = (f" (its preads {r['counted'] / r['needed']:4.2f}x)" if kind == "tl" else
+                       f" (read() calls {r['chars'] / r['needed']:4.2f}x)" if kind == "fs" else "")
+            print(f"{label:8s} {names[kind]:20s} {r['time']:7.3f} s{read}{counted}{ratio}")
+    print(f"targets: bytes read <= {TARGETS['read']}x needed (cold reshard, one key); load >= {TARGETS['load']}x "
+          "FileSystemReader")
 
 
 def _free_port() -> int:
@@ -179,25 +358,27 @@ def _free_port() -> int:
 def main(argv=None) -> int:
     a = _args(argv)
     if a.rank is not None:
-        _rank_main(a)
+        (_load_main if a.phase == "load" else _rank_main)(a)
         return 0
     own = a.dir is None
     a.dir = tempfile.mkdtemp(prefix="tensorlist-bench-dcp-") if own else a.dir
     try:
-        port = _free_port()
-        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-        cmd = [sys.executable, os.path.abspath(__file__), "--mib", str(a.mib), "--world", str(a.world), "--repeat",
-               str(a.repeat), "--dir", a.dir, "--port", str(port)] + (["--quick"] if a.quick else [])
-        procs = [subprocess.Popen(cmd + ["--rank", str(r)], env=env) for r in range(a.world)]
-        while any(p.poll() is None for p in procs) and not any(p.returncode for p in procs):
-            time.sleep(0.1)
-        for p in procs:  # a failed rank leaves the others waiting on a collective
-            if p.poll() is None:
-                p.kill()
-        codes = [p.wait() for p in procs]
-        if any(codes):
-            print(f"a rank failed: exit codes {codes}", file=sys.stderr)
-            return 1
+        for phase, world in (("save", a.world), ("load", a.load_world)):
+            port = _free_port()
+            env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+            cmd = [sys.executable, os.path.abspath(__file__), "--mib", str(a.mib), "--world", str(a.world),
+                   "--load-world", str(a.load_world), "--repeat", str(a.repeat), "--dir", a.dir, "--port", str(port),
+                   "--phase", phase] + (["--quick"] if a.quick else [])
+            procs = [subprocess.Popen(cmd + ["--rank", str(r)], env=env) for r in range(world)]
+            while any(p.poll() is None for p in procs) and not any(p.returncode for p in procs):
+                time.sleep(0.1)
+            for p in procs:  # a failed rank leaves the others waiting on a collective
+                if p.poll() is None:
+                    p.kill()
+            codes = [p.wait() for p in procs]
+            if any(codes):
+                print(f"a rank failed ({phase}): exit codes {codes}", file=sys.stderr)
+                return 1
         return 0
     finally:
         if own:

@@ -433,34 +433,90 @@ def to_tagged(value: Any, where: str = "value", leaf: Optional[Callable[[Any, st
     return root[0]
 
 
-def _tagged_children(v: Any) -> List[Any]:
+#: The only texts ``{"__float__": ...}`` holds: to_tagged writes finite floats as plain JSON numbers.
+_NON_FINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
+
+
+def _tag(v: dict, file, where: str) -> Optional[str]:
+    """The tag of a one-key tag object (checked), or None for a plain object."""
+    if len(v) != 1:
+        return None
+    tag = next(iter(v))
+    if tag not in _TAGS:
+        return None
+    inner = v[tag]
+    if tag == "__float__":
+        ok = isinstance(inner, str) and inner in _NON_FINITE
+    elif tag == "__tuple__":
+        ok = isinstance(inner, list)
+    else:
+        ok = isinstance(inner, list) and all(isinstance(p, list) and len(p) == 2 for p in inner)
+    if not ok:
+        want = {"__float__": '"inf", "-inf" or "nan"', "__tuple__": "an array",
+                "__dict__": "an array of [key, value] pairs"}[tag]
+        raise FormatError(f"{where}: malformed tagged value {short(v, 60)}: {tag} takes {want}", file=file)
+    return tag
+
+
+def _tagged_children(v: Any, file, where: str) -> List[Any]:
     if isinstance(v, list):
         return v
-    if len(v) == 1:
-        if "__float__" in v:
-            return []
-        if isinstance(v.get("__tuple__"), list):
-            return v["__tuple__"]
-        if isinstance(v.get("__dict__"), list):
-            return [x for pair in v["__dict__"] for x in pair]
+    tag = _tag(v, file, where)
+    if tag == "__float__":
+        return []
+    if tag == "__tuple__":
+        return v["__tuple__"]
+    if tag == "__dict__":
+        return [x for pair in v["__dict__"] for x in pair]
     return list(v.values())
 
 
-def _tagged_build(v: Any, values: List[Any]) -> Any:
+def _tagged_build(v: Any, values: List[Any], file, where: str) -> Any:
     if isinstance(v, list):
         return values
-    if len(v) == 1:
-        if "__float__" in v:
-            return float(v["__float__"])
-        if isinstance(v.get("__tuple__"), list):
-            return tuple(values)
-        if isinstance(v.get("__dict__"), list):
-            return dict(zip(values[0::2], values[1::2]))
+    tag = _tag(v, file, where)
+    if tag == "__float__":
+        return _NON_FINITE[v["__float__"]]
+    if tag == "__tuple__":
+        return tuple(values)
+    if tag == "__dict__":
+        keys = values[0::2]
+        try:
+            out = dict(zip(keys, values[1::2]))
+        except TypeError:
+            raise FormatError(f"{where}: malformed tagged value: a __dict__ key is "
+                              f"{short(next(k for k in keys if not _hashable(k)), 60)}, which no dict takes",
+                              file=file) from None
+        if len(out) != len(keys):
+            raise FormatError(f"{where}: malformed tagged value: a __dict__ holds the same key twice", file=file)
+        return out
     return dict(zip(v.keys(), values))
 
 
-def from_tagged(value: Any) -> Any:
-    """The Python value that :func:`to_tagged` wrote (iterative, children before parents)."""
+def _hashable(k: Any) -> bool:
+    try:
+        hash(k)
+        return True
+    except TypeError:
+        return False
+
+
+def from_tagged(value: Any, *, file=None, where: str = "value") -> Any:
+    """The Python value that :func:`to_tagged` wrote (iterative, children before parents).
+
+    Args:
+        value: parsed strict JSON.
+        file: the file it was read from, named by errors.
+        where: what the value is (a key, an fqn), named by errors.
+
+    Raises:
+        FormatError: a malformed tag (``{"__float__": [1]}``, ``{"__dict__": [[1]]}``, a float text other than
+            inf/-inf/nan, an unhashable or repeated ``__dict__`` key), naming ``file`` and ``where``.
+
+    Example:
+        >>> from_tagged({"b": {"__tuple__": [0.9, {"__float__": "inf"}]}, "k": {"__dict__": [[1, "a"]]}})
+        {'b': (0.9, inf), 'k': {1: 'a'}}
+    """
     results: List[Any] = []
     work: List[Tuple[Any, bool]] = [(value, False)]
     while work:
@@ -468,13 +524,13 @@ def from_tagged(value: Any) -> Any:
         if not isinstance(v, (list, dict)):
             results.append(v)
             continue
-        children = _tagged_children(v)
         if not children_done:
+            children = _tagged_children(v, file, where)
             work.append((v, True))
             work.extend((c, False) for c in reversed(children))
             continue
-        n = len(children)
+        n = len(_tagged_children(v, file, where))
         values = results[len(results) - n:]
         del results[len(results) - n:]
-        results.append(_tagged_build(v, values))
+        results.append(_tagged_build(v, values, file, where))
     return results[0]

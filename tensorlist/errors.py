@@ -95,6 +95,22 @@ def _rebuild_unsupported(cls, message, dtype):
 
 def short_repr(value, limit: int = 80) -> str:
     """``repr(value)`` cut to ``limit`` characters, for messages about hostile input."""
-    text = repr(value) if not isinstance(value, list) or len(value) <= 16 else \
-        "[" + ", ".join(repr(v) for v in value[:8]) + f", ... ({len(value)} items)]"
+    text = _bounded_repr(value) if not isinstance(value, list) or len(value) <= 16 else \
+        "[" + ", ".join(_bounded_repr(v) for v in value[:8]) + f", ... ({len(value)} items)]"
     return text if len(text) <= limit else text[:limit] + "..."
+
+
+#: Integers longer than this many bits are named by their size in messages (their text can run to thousands
+#: of digits, and past 4300 digits ``repr`` raises ValueError).
+_MAX_SHOWN_INT_BITS = 256
+
+
+def _bounded_repr(value) -> str:
+    """``repr``, except that an int too long to show (also inside a list or tuple) is written ``<int of N bits>``."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > _MAX_SHOWN_INT_BITS:
+        return f"<int of {value.bit_length()} bits>"
+    if type(value) in (list, tuple) and any(isinstance(v, int) and not isinstance(v, bool)
+                                            and v.bit_length() > _MAX_SHOWN_INT_BITS for v in value):
+        inner = ", ".join(_bounded_repr(v) for v in value)
+        return f"[{inner}]" if type(value) is list else f"({inner}{',' if len(value) == 1 else ''})"
+    return repr(value)

@@ -358,7 +358,7 @@ def test_a_second_save_replaces_the_first_and_overwrite_false_refuses(tmp_path):
     writer.wait()
     assert read_full(tmp_path)["a"].tolist() == [2.0, 2.0, 2.0]
     assert len([n for n in os.listdir(tmp_path) if n.endswith(".tl")]) == 1
-    with pytest.raises(BaseException, match="overwrite=False"):
+    with pytest.raises(BaseException, match=r"Checkpoint already exists and self\.overwrite=False"):  # DCP's words
         dcp.save({"a": torch.ones(3)}, storage_writer=TensorListWriter(tmp_path, overwrite=False))
 
 

@@ -420,7 +420,7 @@ def test_a_save_to_s3_stages_nothing_on_local_disk(s3_prefix, monkeypatch):
     """
     import types
 
-    import tensorlist.dcp_read as dcp_read
+    import tensorlist.dcp.layout as dcp_read
     import tensorlist.remote as remote
     import tensorlist.writer as writer
 

@@ -96,7 +96,13 @@ class DcpSource(Source):
         """``{"dcpValues": {fqn: value}}`` for the values stored as JSON, or None (read on first use)."""
         if not self.checkpoint.bytes_keys:
             return None
-        found = {fqn: loads_strict(raw, file=self.path) for fqn, (raw, enc) in self.values().items() if enc == "json"}
+        found = {}
+        for fqn, (raw, enc) in self.values().items():
+            if enc == "json":
+                file = join(self.path, self.checkpoint.storage[(fqn, None)].file)
+                found[fqn] = loads_strict(raw, file=file)
+                from_tagged(found[fqn], file=file, where=repr(fqn))  # written as it is, once checked
+
         return {VALUES_KEY: found} if found else None
 
     @metadata.setter
@@ -104,7 +110,8 @@ class DcpSource(Source):
         pass  # computed from the checkpoint (Source.__init__ sets it)
 
     def pickled(self) -> List[str]:
-        """The values stored as pickles (``torch_save``): kept only by a ``dcp`` destination."""
+        """The values not stored as JSON (pickles, ``torch_save``; raw ``bytes``/``bytes_io``): kept only by a
+        ``dcp`` destination."""
         return [fqn for fqn, (_, enc) in self.values().items() if enc != "json"]
 
 
@@ -112,6 +119,11 @@ def open_dcp(path: str, limits: Limits = Limits()) -> DcpSource:
     """A checkpoint of tensorlist's layout (``.metadata.json``) as a source; a path or a URL."""
     ckpt = read_metadata(path, limits=limits)
     shards = Shards(ckpt.path, limits=limits)
+    try:
+        shards.check_all(ckpt)  # the shards exist and hold what the metadata says before a tensor is allocated
+    except BaseException:
+        shards.close()
+        raise
     return DcpSource(path, "dcp", ckpt, lambda fqn, off: shards.array(ckpt.storage[(fqn, off)]),
                      lambda fqn: (shards.raw(ckpt.storage[(fqn, None)]), ckpt.storage[(fqn, None)].encoding),
                      [shards.close], ckpt.files)
@@ -174,7 +186,7 @@ def _from_tensors(src: Source, save_id: str):
     for fqn, tagged in (values or {}).items():
         if fqn in entries:
             raise ValueError(f"{src.path}: {fqn!r} is both a tensor and a value of {VALUES_KEY}")
-        raw = encode_value(from_tagged(tagged), fqn)
+        raw = encode_value(from_tagged(tagged, file=src.path, where=f"{VALUES_KEY}/{fqn}"), fqn)
         entries[fqn] = None
         storage.append(StorageEntry(fqn, None, file, bytes_key(fqn), len(raw), "json", "uint8", (len(raw),)))
         items.append((storage[-1].tensor, (lambda raw=raw: np.frombuffer(raw, np.uint8)), 0))

@@ -62,8 +62,8 @@ import numpy as np
 from .. import _dtypes
 from .._backends import filesystem, is_remote, localize
 from .._jsonio import MAX_DEPTH, dumps, to_tagged
-from ..dcp_read import (DCP_VERSION, Checkpoint, StorageEntry, TensorMeta, bytes_key, encode_value, join,
-                        metadata_document, parse_metadata, shard_name, tensor_key)
+from ..dcp_read import (DCP_VERSION, Checkpoint, StorageEntry, TensorMeta, bytes_key, confine, encode_value,
+                        join, metadata_document, parse_metadata, shard_name, tensor_key)
 from ..errors import FormatError
 from ..format import MAX_DIMS, Limits, open_regular, short_repr
 from .formats import TORCH_DCP_METADATA, expansion_cap
@@ -355,7 +355,7 @@ class _Folder:
 
     def size(self, name: str, what: str) -> int:
         if self.fs is None:
-            fd = open_regular(self.where(name), what=what)
+            fd = open_regular(confine(self.path, name, what), what=what)
             try:
                 return os.fstat(fd).st_size
             finally:
@@ -366,7 +366,7 @@ class _Folder:
              cap: Optional[int] = None) -> bytes:
         """``length`` bytes at ``offset`` (all with None); a file larger than ``cap`` is refused unread."""
         if self.fs is None:
-            fd = open_regular(self.where(name), what=what)
+            fd = open_regular(confine(self.path, name, what), what=what)
             try:
                 size = os.fstat(fd).st_size
                 _check_cap(size, cap, self.where(name))
@@ -583,7 +583,8 @@ def load_chunk(ckpt: TorchCheckpoint, fqn: str, offsets: Tuple[int, ...]) -> np.
 
 
 def load_value(ckpt: TorchCheckpoint, fqn: str) -> Tuple[bytes, str]:
-    """A bytes value as the tensorlist layout stores it: ``(JSON text, "json")``, or ``(its pickle, "torch_save")``.
+    """A bytes value as the tensorlist layout stores it: ``(JSON text, "json")``, ``(raw bytes, "bytes")`` for a
+    ``bytes`` value, or ``(its pickle, "torch_save")``.
 
     The pickle is loaded with ``torch.load(weights_only=True)`` only; a value
     that this refuses, or that JSON cannot hold, is kept as its raw bytes (with
@@ -593,6 +594,8 @@ def load_value(ckpt: TorchCheckpoint, fqn: str) -> Tuple[bytes, str]:
     where = join(ckpt.path, ckpt.records[(fqn, None)].file)
     try:
         value = _torch_load(raw, expansion_cap(len(raw), None), where, f"{fqn!r}")
+        if isinstance(value, (bytes, bytearray)):  # raw bytes need no pickle and no JSON: kept as they are
+            return bytes(value), "bytes"
         return encode_value(value, fqn), "json"
     except (FormatError, TypeError) as e:
         warnings.warn(f"{where}: {fqn!r} is kept as its torch.save bytes (encoding torch_save, never unpickled): "

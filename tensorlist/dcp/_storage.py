@@ -1,4 +1,4 @@
-"""torch.distributed.checkpoint (DCP) storage on tensorlist files, with no pickle anywhere.
+"""The torch storage layer of :mod:`tensorlist.dcp`: DCP storage on tensorlist files, with no pickle anywhere.
 
 :class:`TensorListWriter` and :class:`TensorListReader` plug into
 ``dcp.save``, ``dcp.async_save`` and ``dcp.load`` in place of DCP's
@@ -9,24 +9,29 @@ What changes is the storage (docs/FORMAT.md, "Distributed checkpoints (DCP)"):
 
 - each rank writes its chunks as one TensorList, ``<rank>.<saveId>.tl``, with
   ``tensorlist.save`` (atomic and durable: data file, fsync, descriptor); a
-  chunk is a tensor named ``<fqn>@<offsets>``, loaded back through a
-  zero-copy memory map instead of one ``torch.load`` per chunk;
-- non-tensor values (DCP's bytes entries) are stored as JSON in uint8
-  tensors; values JSON cannot hold are refused (a TypeError naming the key)
-  unless the caller opts in with ``allow_pickle=True``;
+  chunk is a tensor named ``<fqn>@<offsets>``; a load reads only the byte
+  ranges of the slices it is asked for (:mod:`tensorlist.dcp.ranges`: preadv,
+  sorted by file offset, adjacent ones joined, straight into the targets);
+- non-tensor values (DCP's bytes entries) are stored in uint8 tensors: raw
+  ``bytes`` and ``io.BytesIO`` as they are, everything else as JSON; values
+  JSON cannot hold are refused (a TypeError naming the key) unless the caller
+  opts in with ``allow_pickle=True``;
 - the coordinator writes the global metadata last, as JSON
   (``.metadata.json``, checked against ``schemas/dcp-metadata.schema.json``
-  before it is written and when read), with ``dcp_read.commit_metadata``:
+  before it is written and when read), with ``dcp.layout.commit_metadata``:
   that rename (or put) is the commit point. Every save draws a fresh ``saveId``, so a save
   killed before its commit leaves the previous checkpoint in the same
   directory intact; the next committed save deletes what older saves left.
 
-Checkpoints are read without torch too: :func:`read_full` and
-:func:`validate_checkpoint` come from :mod:`tensorlist.dcp_read`.
+``dcp.async_save`` works with this writer as its own stager (a CPU copy kept
+across saves) and with torch's ``DefaultStager(StagingOptions(...))`` and
+``async_checkpointer_type=PROCESS`` (tests/test_dcp_async.py).
 
-Imports torch (an adapter), ``dcp_read``, ``writer``, ``format``,
-``_torch_bridge``, ``_backends``, ``_jsonio``, ``_dtypes`` and
-``errors`` (fsspec for URLs). Only ``loops.sharded`` imports it (lazily, for sharded checkpoints).
+Imports torch (an adapter), ``dcp.layout``, ``dcp.metadata``, ``dcp.ranges``,
+``dcp.shards``, ``writer``, ``format``, ``_torch_bridge``, ``_backends``,
+``_jsonio``, ``_dtypes`` and ``errors`` (fsspec for URLs). Loaded by
+:mod:`tensorlist.dcp` when a storage class is first asked for; ``loops.sharded``
+imports it (lazily, for sharded checkpoints).
 
 Example:
     >>> import torch, tempfile, torch.distributed.checkpoint as dcp
@@ -43,6 +48,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import math
 import os
 import copy
 import secrets
@@ -62,18 +68,20 @@ from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, W
 from torch.distributed.tensor import DTensor
 from torch.futures import Future
 
-from . import _backends, _dtypes
-from ._jsonio import dumps, from_tagged, to_tagged
-from ._torch_bridge import from_numpy, to_numpy, torch_dtype
-from .dcp_read import (DCP_VERSION, METADATA_NAME, Checkpoint, Shards, StorageEntry, TensorMeta, bytes_key,
-                       commit_metadata, encode_value, holds, is_save_file, join, listing, metadata_document,
-                       parse_metadata, read_full, read_metadata, read_mode, shard_name, tensor_key,
-                       validate_checkpoint)
-from .errors import FormatError
-from .format import Limits
-from .writer import save
+from .. import _backends, _dtypes
+from .._jsonio import dumps, to_tagged
+from .._torch_bridge import from_numpy, to_numpy, torch_dtype
+from .layout import (DCP_VERSION, METADATA_NAME, Checkpoint, StorageEntry, TensorMeta, bytes_key, commit_metadata,
+                     encode_entry, holds, is_save_file, join, listing, shard_name, tensor_key)
+from .metadata import metadata_document, parse_metadata, read_metadata
+from .ranges import MAX_RUNS, RangeReads, bounding, slice_runs
+from .shards import Shards
+from ..errors import FormatError
+from ..format import Limits
+from ..reader import read_mode
+from ..writer import save
 
-__all__ = ["TensorListWriter", "TensorListReader", "read_full", "validate_checkpoint", "Checkpoint"]
+__all__ = ["TensorListWriter", "TensorListReader"]
 
 #: Whether this torch's DCP Metadata takes ``version`` (torch >= 2.9; 2.8 and older have no such field).
 _METADATA_HAS_VERSION = "version" in {f.name for f in dataclasses.fields(Metadata)}
@@ -202,7 +210,9 @@ class TensorListWriter(_CheckpointPath, StorageWriter, BlockingAsyncStager):
         if not _backends.is_remote(self.path):
             os.makedirs(_backends.localize(self.path), exist_ok=True)
         if not self.overwrite and holds(self.path, METADATA_NAME):
-            raise RuntimeError(f"{join(self.path, METADATA_NAME)}: a checkpoint exists and overwrite=False")
+            # DCP's FileSystemWriter's words: callers (and torch's own tests) match on them
+            raise RuntimeError(f"Checkpoint already exists and self.overwrite=False. ({join(self.path, METADATA_NAME)};"
+                               " pass TensorListWriter(..., overwrite=True) to replace it)")
         return plan
 
     def prepare_global_plan(self, plans: List[SavePlan]) -> List[SavePlan]:
@@ -216,7 +226,7 @@ class TensorListWriter(_CheckpointPath, StorageWriter, BlockingAsyncStager):
         lookup = getattr(planner, "lookup_object", None)  # DefaultSavePlanner's: the value itself
         if lookup is not None:
             try:
-                return encode_value(lookup(item.index), fqn), "json"
+                return encode_entry(lookup(item.index), fqn)
             except TypeError as e:
                 if not self.allow_pickle:
                     raise TypeError(f"{e}; pass TensorListWriter(..., allow_pickle=True) to store it with torch.save "
@@ -398,6 +408,39 @@ def _copy_into(cache, v) -> bool:
     return True
 
 
+def _writable_bytes(target: torch.Tensor, dtype: torch.dtype) -> Optional[np.ndarray]:
+    """``target``'s own memory as a writable uint8 array, when it can be read into directly (else None)."""
+    if target.device.type != "cpu" or target.dtype != dtype or not target.is_contiguous() or target.is_conj() \
+            or target.is_neg() or type(target) is not torch.Tensor:
+        return None
+    try:
+        return target.reshape(-1).view(torch.uint8).numpy()
+    except (RuntimeError, TypeError):
+        return None
+
+
+def _add_slice(reads: RangeReads, data_path: str, base: int, file: str, entry: StorageEntry, req, target):
+    """Adds the byte ranges of one planned slice; returns None (read into ``target``) or what gives the staged copy."""
+    row = _dtypes.from_name(entry.dtype)
+    shape, offs, lengths = tuple(entry.shape), tuple(req.storage_offsets), tuple(req.lengths)
+    starts, run = slice_runs(shape, row.itemsize, offs, lengths)
+    if len(starts) > MAX_RUNS:  # a thin slice across many rows: its bounding range once, narrowed in memory
+        first, length = bounding(shape, row.itemsize, offs, lengths)
+        buf = np.empty(length, np.uint8)
+        reads.add(data_path, base + first, buf, file)
+        strides = tuple(row.itemsize * math.prod(shape[d + 1:]) for d in range(len(shape)))
+        return lambda: from_numpy(np.ndarray(lengths, row.numpy, buf, 0, strides))
+    dest = _writable_bytes(target, torch_dtype(entry.dtype))
+    staged = None
+    if dest is None:
+        tmp = np.empty(lengths, row.numpy)
+        dest = tmp.reshape(-1).view(np.uint8)
+        staged = lambda: from_numpy(tmp)  # noqa: E731
+    for k, start in enumerate(starts):
+        reads.add(data_path, base + start, dest[k * run:(k + 1) * run], file)
+    return staged
+
+
 def _torch_metadata(ckpt: Checkpoint, load_id: Optional[str]) -> Metadata:
     """DCP's Metadata for a checked checkpoint; storage_data maps MetadataIndex -> StorageEntry."""
     state: Dict[str, Any] = {}
@@ -414,7 +457,7 @@ def _torch_metadata(ckpt: Checkpoint, load_id: Optional[str]) -> Metadata:
     sm = ckpt.storage_meta or {}
     meta = StorageMeta(checkpoint_id=sm.get("checkpointId"), save_id=sm.get("saveId"), load_id=load_id,
                        modules=list(sm.get("modules") or []))
-    planner_data = None if ckpt.planner_data is None else from_tagged(ckpt.planner_data)
+    planner_data = ckpt.planner_value
     version = {"version": ckpt.dcp_version} if _METADATA_HAS_VERSION else {}
     return Metadata(state_dict_metadata=state, planner_data=planner_data, storage_data=storage, storage_meta=meta,
                     **version)
@@ -424,24 +467,28 @@ class TensorListReader(_CheckpointPath, StorageReader):
     """A DCP ``StorageReader`` for checkpoints written by :class:`TensorListWriter`.
 
     Use it as ``dcp.load(state_dict, storage_reader=TensorListReader(path))``;
-    DCP reshards to the state dict's layout. Chunks are read through memory
-    maps: a chunk that one rank needs whole is copied once, from the page
-    cache into the target tensor.
+    DCP reshards to the state dict's layout. Each load reads only the bytes of
+    the slices its plan asks for (a rank that needs half of a saved chunk
+    reads that half), with ``preadv`` straight into the target tensors where
+    they are contiguous CPU tensors of the stored dtype; :attr:`bytes_read`
+    counts them.
 
     Args:
         path: the checkpoint directory, or an fsspec URL.
         allow_pickle: load bytes entries stored with ``torch.save`` (they run
             pickle; only for checkpoints you trust). Refused by default with a
             FormatError naming the key.
-        mmap: map the shards (default; ``"copy"`` is accepted, DCP copying
-            every chunk into its own tensors anyway) or read them with pread
-            (safer where files may be truncated while the checkpoint is read).
-        verify: check the CRC32C of every chunk read.
+        mmap: with ``verify`` or at a URL, where whole chunks are read: map
+            the shards (default; ``"copy"`` is accepted, DCP copying every
+            chunk into its own tensors anyway) or read them with pread. The
+            byte-range reads of every other load never map.
+        verify: check the CRC32C of every chunk read (each chunk is then read
+            whole: a CRC covers the chunk).
         limits: policy limits for the metadata and shard descriptors.
 
     Raises (from ``dcp.load``, wrapped by DCP in a CheckpointException):
         FormatError: the checkpoint breaks a rule of its layout (naming the
-            file and the fqn): see :mod:`tensorlist.dcp_read`.
+            file and the fqn): see :mod:`tensorlist.dcp.metadata` and :mod:`tensorlist.dcp.shards`.
     """
 
     def __init__(self, path, *, allow_pickle: bool = False, mmap=True, verify: bool = False,
@@ -455,6 +502,8 @@ class TensorListReader(_CheckpointPath, StorageReader):
         self.load_id = secrets.token_hex(8)
         self.storage: Dict[MetadataIndex, StorageEntry] = {}
         self.is_coordinator = False
+        #: Bytes read from the shards' data files by this reader's loads (the ranges asked for, or whole chunks).
+        self.bytes_read = 0
 
     def reset(self, checkpoint_id=None) -> None:
         if checkpoint_id is not None:
@@ -478,6 +527,46 @@ class TensorListReader(_CheckpointPath, StorageReader):
         return plans
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future:
+        """Reads the plan's slices: only their bytes (``dcp.ranges``), sorted by (file, offset), adjacent ones joined.
+
+        With ``verify`` (a CRC covers a whole chunk) or at a URL, each chunk
+        is read whole (mapped with ``mmap``) and narrowed instead.
+        """
+        if self.verify or _backends.is_remote(self.path):
+            self._read_whole(plan, planner)
+        else:
+            self._read_ranges(plan, planner)
+        fut: Future = Future()
+        fut.set_result(None)
+        return fut
+
+    def _target(self, req, entry: StorageEntry, planner: LoadPlanner) -> torch.Tensor:
+        target = planner.resolve_tensor(req).detach()
+        if tuple(target.size()) != tuple(req.lengths):
+            raise FormatError(f"{entry.fqn!r}: the plan reads {list(req.lengths)} from the chunk at "
+                              f"{list(entry.offset)} into a target of {list(target.size())}",
+                              file=join(self.path, entry.file))
+        return target
+
+    def _read_ranges(self, plan: LoadPlan, planner: LoadPlanner) -> None:
+        pending = []
+        with Shards(self.path, mmap=False, limits=self.limits) as shards, RangeReads() as reads:
+            for req in plan.items:
+                entry: StorageEntry = self.storage[req.storage_index]
+                if req.type == LoadItemType.BYTE_IO:
+                    planner.load_bytes(req, self._bytes_for_planner(shards, entry))
+                    continue
+                data_path, base, file = shards.locate(entry)
+                target = self._target(req, entry, planner)
+                pending.append((req, target, _add_slice(reads, data_path, base, file, entry, req, target)))
+            reads.run()
+        self.bytes_read += reads.bytes_read
+        for req, target, staged in pending:
+            if staged is not None:
+                target.copy_(staged())
+            planner.commit_tensor(req, target)
+
+    def _read_whole(self, plan: LoadPlan, planner: LoadPlanner) -> None:
         with Shards(self.path, mmap=self.mmap, verify=self.verify, limits=self.limits) as shards:
             for req in sorted(plan.items, key=lambda r: self.storage[r.storage_index].file):
                 entry: StorageEntry = self.storage[req.storage_index]
@@ -487,16 +576,10 @@ class TensorListReader(_CheckpointPath, StorageReader):
                 t = from_numpy(shards.array(entry))
                 for d, (o, n) in enumerate(zip(req.storage_offsets, req.lengths)):
                     t = t.narrow(d, o, n)
-                target = planner.resolve_tensor(req).detach()
-                if target.size() != t.size():
-                    raise FormatError(f"{entry.fqn!r}: the plan reads {list(t.size())} from the chunk at "
-                                      f"{list(entry.offset)} into a target of {list(target.size())}",
-                                      file=join(self.path, entry.file))
+                target = self._target(req, entry, planner)
                 target.copy_(t)
+                self.bytes_read += t.numel() * t.element_size()
                 planner.commit_tensor(req, target)
-        fut: Future = Future()
-        fut.set_result(None)
-        return fut
 
     def _bytes_for_planner(self, shards: Shards, entry: StorageEntry) -> io.BytesIO:
         """The stream ``LoadPlanner.load_bytes`` expects: a torch.save of the value.
@@ -506,7 +589,7 @@ class TensorListReader(_CheckpointPath, StorageReader):
         planner unpickles is never bytes read from the checkpoint. A stored
         pickle is passed on only with ``allow_pickle``.
         """
-        if entry.encoding == "json":
+        if entry.encoding != "torch_save":  # JSON, bytes, BytesIO: rebuilt here, never unpickled from the file
             buf = io.BytesIO()
             torch.save(shards.value(entry), buf)
         elif self.allow_pickle:
