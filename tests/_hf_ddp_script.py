@@ -62,3 +62,5 @@ with open(os.path.join(root, f"{'full' if mode == 'save' else 'resumed'}_{rank}.
     json.dump(out, f)
 acc.wait_for_everyone()
 acc.end_training()
+import _ranks  # noqa: E402
+_ranks.exit_now()

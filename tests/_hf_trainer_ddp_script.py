@@ -50,3 +50,10 @@ if rank == 0:
     losses = [e["loss"] for e in trainer.state.log_history if "loss" in e and e["step"] > after]
     with open(os.path.join(root, f"{mode}.json"), "w") as f:
         json.dump(losses, f)
+# The Trainer leaves its gloo group up; tearing it down before exit keeps gloo's threads from being destroyed
+# still running at interpreter exit ("terminate called without an active exception", SIGABRT in CI).
+if torch.distributed.is_initialized():
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+import _ranks  # noqa: E402
+_ranks.exit_now()

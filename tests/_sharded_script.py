@@ -144,3 +144,5 @@ def main(plan_path, result_path):
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2])
+    import _ranks
+    _ranks.exit_now()

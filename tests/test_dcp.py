@@ -696,3 +696,4 @@ def test_bench_quick_runs():
 
 if __name__ == "__main__":
     worker(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
+    _ranks.exit_now()
