@@ -192,9 +192,23 @@ def _convert(how: str, a):
     return capsule_info(x.__dlpack__())["data"]
 
 
+def _torch_takes_dlpack_float8() -> bool:
+    """Whether this torch imports a DLPack float8 tensor (torch 2.13 does; 2.8, the 3.9 leg's, raises
+    "Unsupported code 10"): asked of a writable float8 array, not guessed from the version."""
+    torch = pytest.importorskip("torch", reason="the torch row of the DLPack table needs torch")
+    try:
+        torch.from_dlpack(tl.to_dlpack(np.zeros(4, ml_dtypes.float8_e4m3fn)))
+    except RuntimeError as e:
+        assert "Unsupported code" in str(e), e
+        return False
+    return True
+
+
 @pytest.mark.parametrize("how,column,dtype,want", list(cells(TABLE)))
 def test_the_framework_table(files, how, column, dtype, want):
     mode, aligned = COLUMNS[column]
+    if how.startswith("torch.") and dtype.startswith("float8") and not _torch_takes_dlpack_float8():
+        want = "refuses"
     if how in TABLE_JAX_DLPACK_1 and _jax_asks_dlpack_1():
         row = TABLE_JAX_DLPACK_1[how]
         want = row.get(dtype, row["*"])[column]
