@@ -18,28 +18,14 @@ torch.set_num_threads(1)
 
 import transformers  # noqa: E402
 
+from _hf_support import Tokens, tiny_gpt2  # noqa: E402
 from tensorlist.huggingface import TensorListTrainer  # noqa: E402
 
-
-class Tokens(torch.utils.data.Dataset):
-    def __init__(self, n=16, length=8):
-        self.x = torch.randint(0, 64, (n, length), generator=torch.Generator().manual_seed(0))
-
-    def __len__(self):
-        return len(self.x)
-
-    def __getitem__(self, i):
-        return {"input_ids": self.x[i], "labels": self.x[i]}
-
-
-torch.manual_seed(0)
-config = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=64, n_positions=16,
-                                 bos_token_id=0, eos_token_id=0)
 args = transformers.TrainingArguments(
     output_dir=os.path.join(root, "run"), max_steps=8, per_device_train_batch_size=2, save_steps=3,
     logging_steps=1, report_to=[], use_cpu=True, seed=0, disable_tqdm=True, learning_rate=1e-2,
     dataloader_num_workers=0, ddp_backend="gloo")
-trainer = TensorListTrainer(model=transformers.GPT2LMHeadModel(config), args=args, train_dataset=Tokens())
+trainer = TensorListTrainer(model=tiny_gpt2(), args=args, train_dataset=Tokens())
 assert trainer.args.world_size == world, trainer.args.world_size
 if mode == "full":
     trainer.train()

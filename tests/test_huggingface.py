@@ -13,6 +13,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="the Hugging Face integrations need torch")
 accelerate = pytest.importorskip("accelerate", reason="the Accelerate tests need accelerate")
 
+from _hf_support import Tokens, tiny_gpt2  # noqa: E402
 from tensorlist import huggingface as hf  # noqa: E402
 from tensorlist.cli import main as cli_main  # noqa: E402
 from tensorlist.errors import FormatError  # noqa: E402
@@ -291,30 +292,15 @@ def test_accelerate_record_from_a_recorder(tmp_path):
 # transformers' Trainer
 
 
-class Tokens(torch.utils.data.Dataset):
-    """16 fixed sequences of 8 token ids (labels = inputs: a language-model objective)."""
-
-    def __init__(self, n=16, length=8):
-        self.x = torch.randint(0, 64, (n, length), generator=torch.Generator().manual_seed(0))
-
-    def __len__(self):
-        return len(self.x)
-
-    def __getitem__(self, i):
-        return {"input_ids": self.x[i], "labels": self.x[i]}
-
-
 def _trainer(out, *, steps=8, save_steps=3, cls=None, **kwargs):
     transformers = pytest.importorskip("transformers", reason="the Trainer tests need transformers")
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=64, n_positions=16,
-                                     bos_token_id=0, eos_token_id=0)
+    model = tiny_gpt2()
     args = transformers.TrainingArguments(
         output_dir=os.fspath(out), max_steps=steps, per_device_train_batch_size=4, save_steps=save_steps,
         logging_steps=1, report_to=[], use_cpu=True, seed=0, disable_tqdm=True, learning_rate=1e-2,
         dataloader_num_workers=0)
     cls = cls or hf.TensorListTrainer
-    return cls(model=transformers.GPT2LMHeadModel(config), args=args, train_dataset=Tokens(), **kwargs)
+    return cls(model=model, args=args, train_dataset=Tokens(), **kwargs)
 
 
 def _losses(trainer, after=0):

@@ -6,6 +6,7 @@ from hypothesis import given, settings, strategies as st
 mx = pytest.importorskip("mlx.core", reason="the MLX adapter needs mlx (pip install 'mlx[cpu]' off macOS)")
 ml_dtypes = pytest.importorskip("ml_dtypes", reason="bfloat16 and float8 arrays need ml_dtypes")
 
+from _framework_support import bits as _bits, sample as _sample  # noqa: E402
 import tensorlist as tl  # noqa: E402
 import tensorlist.mlx as tm  # noqa: E402
 from tensorlist import _dtypes  # noqa: E402
@@ -13,24 +14,6 @@ from tensorlist._mlx_bridge import HELD  # noqa: E402
 from tensorlist.errors import UnsupportedDTypeError  # noqa: E402
 
 REFUSED = {"complex128", "float8_e5m2", "float8_e4m3fn", "float8_e5m2fnuz", "float8_e4m3fnuz", "float8_e8m0fnu"}
-
-
-def _sample(name, shape, seed=0):
-    """A numpy array of table dtype ``name`` with varied values (NaN-free: compared by bytes anyway)."""
-    rng = np.random.default_rng(seed)
-    base = rng.normal(size=shape) * 3
-    dt = _dtypes.from_name(name).numpy
-    if dt.kind == "c":
-        return (base - 1j * base).astype(dt)
-    if dt.kind == "b":
-        return base > 0
-    if dt.kind == "u":
-        return np.abs(base).astype(dt)
-    return base.astype(dt)
-
-
-def _bits(a: np.ndarray) -> bytes:
-    return np.ascontiguousarray(a).tobytes()
 
 
 def test_every_table_dtype_is_held_or_refused():

@@ -15,6 +15,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up bann
 tf = pytest.importorskip("tensorflow", reason="the TensorFlow adapter needs tensorflow (pip install tensorflow-cpu)")
 ml_dtypes = pytest.importorskip("ml_dtypes", reason="bfloat16 and float8 arrays need ml_dtypes")
 
+from _framework_support import bits as _bits, sample as _sample  # noqa: E402
 import tensorlist as tl  # noqa: E402
 import tensorlist.tensorflow as ttf  # noqa: E402
 from tensorlist import _dtypes, reader  # noqa: E402
@@ -25,23 +26,6 @@ REFUSED = {"float8_e8m0fnu"}
 COPIED = {"float8_e5m2", "float8_e4m3fn", "float8_e5m2fnuz", "float8_e4m3fnuz"}  # tf.bitcast refuses float8
 ALIASED = sorted(set(HELD) - COPIED)
 NO_VARIABLE = {"float8_e5m2fnuz", "float8_e4m3fnuz"}  # TensorFlow 2.21 has no AssignVariableOp kernel for them
-
-
-def _sample(name, shape, seed=0):
-    rng = np.random.default_rng(seed)
-    base = rng.normal(size=shape) * 3
-    dt = _dtypes.from_name(name).numpy
-    if dt.kind == "c":
-        return (base - 1j * base).astype(dt)
-    if dt.kind == "b":
-        return base > 0
-    if dt.kind == "u":
-        return np.abs(base).astype(dt)
-    return base.astype(dt)
-
-
-def _bits(a) -> bytes:
-    return np.ascontiguousarray(a).tobytes()
 
 
 def _tensor_bits(t) -> bytes:
