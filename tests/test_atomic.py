@@ -81,8 +81,26 @@ def _which(path: Path, n: int) -> str:
     return meta["which"]
 
 
+def _saved_lines(proc: subprocess.Popen, count: int, timeout: float = 60.0) -> None:
+    """Waits until the child has reported ``count`` more completed saves."""
+    for _ in range(count):
+        ready, _, _ = select.select([proc.stdout], [], [], timeout)
+        assert ready, "child did not finish a save"
+        line = proc.stdout.readline()
+        assert line.startswith("saved "), line + proc.stderr.read()
+
+
 @pytest.mark.slow  # children killed mid-save, about 20 s
 def test_kill_9_during_save_leaves_old_or_new(tmp_path):
+    """Each round kills a saving child at a point that does not depend on this machine's speed.
+
+    Rounds alternate between killing during the child's first save (the old content must remain)
+    and killing after the child reported a completed save (the new content, or the next one if
+    that save also committed), each either at once or after a random part of a save's duration.
+    Kills at once after ``ready`` cannot land after the commit (32 MiB and an fsync are still
+    ahead), kills at once after ``saved`` cannot land after the next commit, so both outcomes are
+    seen whatever the timing; the random delays put the other kills anywhere in a save.
+    """
     n = 8 << 20  # 32 MiB per content
     path = tmp_path / "state.tl"
     tensors, meta = content("A", n)
@@ -90,24 +108,31 @@ def test_kill_9_during_save_leaves_old_or_new(tmp_path):
     tl.save(path, tensors, metadata=meta)
     save_seconds = time.perf_counter() - start
     rng = random.Random(20240229)
-    seen = []
-    for _ in range(30):
+    changed, left_temporaries = [], []
+    for i in range(30):
         current = _which(path, n)
         proc = _child(tmp_path, path, "B" if current == "A" else "A", n, 1000)
         try:
             _wait_ready(proc)
-            time.sleep(rng.uniform(0, 2.5) * save_seconds)
+            _saved_lines(proc, i % 2)
+            time.sleep(0 if i % 3 == 0 else rng.uniform(0, 1.5) * save_seconds)
         finally:
             proc.send_signal(signal.SIGKILL)
             proc.wait()
         assert proc.returncode == -signal.SIGKILL
-        seen.append(_which(path, n))
-    # both contents were observed, so kills landed both before and after commit points
-    assert set(seen) == {"A", "B"}, seen
+        changed.append(_which(path, n) != current)
+        left_temporaries.append(any(f.endswith(".tmp") for f in os.listdir(tmp_path)))
+        proc.stdout.close()
+        proc.stderr.close()
+    # kills landed before a commit (the old content stayed) and after one (the file changed) ...
+    assert set(changed) == {False, True}, changed
+    # ... and in the middle of writing: a killed save leaves its temporary files behind
+    assert any(left_temporaries), left_temporaries
     # whatever the kills left behind, the next successful save cleans up after itself
     tensors, meta = content("B", n)
     tl.save(path, tensors, metadata=meta)
     assert _which(path, n) == "B"
+    assert [f for f in os.listdir(tmp_path) if f.endswith(".tmp")] == []
 
 
 @pytest.mark.slow  # two writer processes
