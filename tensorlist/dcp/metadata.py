@@ -116,6 +116,7 @@ _TENSOR_KEYS = {"type", "dtype", "size", "chunks", "properties"}
 _PROPERTY_KEYS = {"layout", "requiresGrad", "memoryFormat", "pinMemory"}
 _ENTRY_REQUIRED = ("fqn", "offset", "file", "tensor", "byteLength")
 _ENTRY_KEYS = set(_ENTRY_REQUIRED) | {"encoding"}
+_MEMORY_FORMATS = frozenset(("contiguous_format", "channels_last", "preserve_format"))
 
 
 class _Shape:
@@ -188,8 +189,7 @@ class _Shape:
         p = self.object(d["properties"], f"{at}/properties", _PROPERTY_KEYS, tuple(_PROPERTY_KEYS))
         self.string(p["layout"], f"{at}/properties/layout", choices=("strided",))
         self.boolean(p["requiresGrad"], f"{at}/properties/requiresGrad")
-        self.string(p["memoryFormat"], f"{at}/properties/memoryFormat",
-                    choices=("contiguous_format", "channels_last", "preserve_format"))
+        self.string(p["memoryFormat"], f"{at}/properties/memoryFormat", choices=_MEMORY_FORMATS)
         self.boolean(p["pinMemory"], f"{at}/properties/pinMemory")
 
     def document(self, doc: Any) -> None:
@@ -212,7 +212,7 @@ class _Shape:
             self.fail("/files", "files has non-unique elements")
         if not isinstance(doc["stateDict"], dict):
             self.fail("/stateDict", "stateDict is not an object")
-        for fqn, d in doc["stateDict"].items():
+        for fqn, d in doc["stateDict"].items() if not _state_dict_ok(doc["stateDict"]) else ():  # slow: to name it
             at = f"/stateDict/{_escape(fqn)}"
             kind = d.get("type") if isinstance(d, dict) else None
             if kind == "bytes":
@@ -260,6 +260,36 @@ def _numbers_ok(lists) -> bool:
         return False
     nums = list(chain.from_iterable(lists))
     return all(type(x) is int for x in nums) and (not nums or (min(nums) >= 0 and max(nums) <= _MAX_COUNT))
+
+
+def _state_dict_ok(state_dict: dict) -> bool:
+    """The fast check of every stateDict entry (``_Shape.tensor`` walks them only when this says no).
+
+    Every number of every tensor goes through one ``_numbers_ok`` call.
+    """
+    lists = []
+    for d in state_dict.values():
+        if type(d) is not dict:
+            return False
+        if d.get("type") == "bytes" and len(d) == 1:
+            continue
+        if d.keys() != _TENSOR_KEYS or d["type"] != "tensor":
+            return False
+        p, dtype, chunks = d["properties"], d["dtype"], d["chunks"]
+        if type(p) is not dict or p.keys() != _PROPERTY_KEYS or p["layout"] != "strided":
+            return False
+        if type(p["requiresGrad"]) is not bool or type(p["pinMemory"]) is not bool:
+            return False
+        if type(p["memoryFormat"]) is not str or p["memoryFormat"] not in _MEMORY_FORMATS:
+            return False
+        if type(dtype) is not str or dtype not in _DTYPE_NAMES or type(chunks) is not list:
+            return False
+        if not all(type(c) is dict and len(c) == 2 and "offsets" in c and "sizes" in c for c in chunks):
+            return False
+        lists.append(d["size"])
+        lists.extend(c["offsets"] for c in chunks)
+        lists.extend(c["sizes"] for c in chunks)
+    return _numbers_ok(lists)
 
 
 def _chunks_ok(chunks: list) -> bool:
