@@ -29,7 +29,7 @@ from . import _dtypes, _lowlevel, reader
 from ._torch_bridge import from_numpy, torch_dtype
 from .errors import ChecksumError
 
-__all__ = ["load", "load_into_device", "plan_chunks", "Chunk", "Piece", "CHUNK_BYTES", "BUFFERS"]
+__all__ = ["load", "load_into_device", "plan_chunks", "Chunk", "Piece", "Ring", "CHUNK_BYTES", "BUFFERS"]
 
 #: Bytes per staging buffer (one chunk of the region).
 CHUNK_BYTES = 32 << 20
@@ -182,44 +182,73 @@ def load_into_device(r, device, *, keys=None, into: Optional[Mapping[str, torch.
     return out
 
 
+class Ring:
+    """The staging ring: ``count`` host buffers of ``nbytes``, pinned on CUDA and copied out on a side stream.
+
+    Use: ``slot = ring.next()`` (waits until the copies out of that buffer
+    have finished), fill ``ring.hosts[slot]`` (numpy, uint8), then
+    ``ring.copy(slot, pairs)`` with ``(destination, view of ring.bufs[slot])``
+    pairs. On a device without streams or pinned memory (the CPU included)
+    the buffers are ordinary memory and the copies synchronous. Leaving the
+    ``with`` block waits for every copy: none outlives its buffer or its
+    caller. The one ring of every device load (``load_into_device``,
+    ``tensorlist.dcp.TensorListReader``).
+    """
+
+    def __init__(self, device: torch.device, nbytes: int, count: int):
+        self.cuda = device.type == "cuda"
+        self.bufs = _staging_buffers(count, nbytes, pinned=self.cuda)
+        self.hosts = [b.numpy() for b in self.bufs]
+        self.stream = torch.cuda.Stream(device) if self.cuda else None
+        self._done: List[Optional[torch.cuda.Event]] = [None] * count
+        self._k = 0
+        if self.cuda:  # the destinations were allocated on the current stream
+            self.stream.wait_stream(torch.cuda.current_stream(device))
+
+    def next(self) -> int:
+        """The next buffer's index, once the copies out of it have finished."""
+        slot = self._k % len(self.bufs)
+        self._k += 1
+        if self._done[slot] is not None:
+            self._done[slot].synchronize()
+        return slot
+
+    def copy(self, slot: int, pairs) -> None:
+        """``dst.copy_(src)`` for each pair, on the side stream (then an event marks the buffer busy)."""
+        with torch.no_grad():
+            if self.cuda:
+                with torch.cuda.stream(self.stream):
+                    for dst, src in pairs:
+                        dst.copy_(src, non_blocking=True)
+                    self._done[slot] = torch.cuda.Event()
+                    self._done[slot].record(self.stream)
+            else:
+                for dst, src in pairs:
+                    dst.copy_(src)
+
+    def __enter__(self) -> "Ring":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.cuda:  # complete when the load returns (or raises)
+            self.stream.synchronize()
+
+
 def _copy_chunks(r, chunks: List[Chunk], flat: Dict[int, torch.Tensor], crcs: Dict[int, int],
                  device: torch.device, buffers: int) -> None:
     """Runs the plan: read chunk k into buffer k % buffers, copy it out on a side stream."""
     if not chunks:
         return
-    cuda = device.type == "cuda"
-    size = max(c.length for c in chunks)
-    bufs = _staging_buffers(min(buffers, len(chunks)), size, pinned=cuda)
-    hosts = [b.numpy() for b in bufs]
-    stream = torch.cuda.Stream(device) if cuda else None
-    done: List[Optional[torch.cuda.Event]] = [None] * len(bufs)
-    if cuda:  # the destinations were allocated on the current stream
-        stream.wait_stream(torch.cuda.current_stream(device))
-    try:
-        with torch.no_grad():
-            for k, chunk in enumerate(chunks):
-                slot = k % len(bufs)
-                if done[slot] is not None:
-                    done[slot].synchronize()  # the copies out of this buffer have finished
-                host = hosts[slot][:chunk.length]
-                r.readinto(host, chunk.start)
-                src = bufs[slot]
-                if cuda:
-                    with torch.cuda.stream(stream):
-                        for p in chunk.pieces:
-                            flat[p.index][p.dst:p.dst + p.length].copy_(src[p.src:p.src + p.length],
-                                                                         non_blocking=True)
-                        done[slot] = torch.cuda.Event()
-                        done[slot].record(stream)
-                else:
-                    for p in chunk.pieces:
-                        flat[p.index][p.dst:p.dst + p.length].copy_(src[p.src:p.src + p.length])
-                for p in chunk.pieces:  # while the copies run: they only read the buffer
-                    if p.index in crcs:
-                        crcs[p.index] = _lowlevel.crc32c(host[p.src:p.src + p.length], crcs[p.index])
-    finally:
-        if cuda:  # complete when load returns (or raises): no copy outlives its buffer or its caller
-            stream.synchronize()
+    with Ring(device, max(c.length for c in chunks), min(buffers, len(chunks))) as ring:
+        for chunk in chunks:
+            slot = ring.next()
+            host, src = ring.hosts[slot][:chunk.length], ring.bufs[slot]
+            r.readinto(host, chunk.start)
+            ring.copy(slot, [(flat[p.index][p.dst:p.dst + p.length], src[p.src:p.src + p.length])
+                             for p in chunk.pieces])
+            for p in chunk.pieces:  # while the copies run: they only read the buffer
+                if p.index in crcs:
+                    crcs[p.index] = _lowlevel.crc32c(host[p.src:p.src + p.length], crcs[p.index])
 
 
 def load(path, device, *, pointer: Optional[str] = None, mmap=True, verify: bool = False,
