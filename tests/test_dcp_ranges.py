@@ -142,18 +142,38 @@ CASES = [  # fqn, storage offsets, lengths, target maker
 ]
 
 
-@pytest.mark.parametrize("fqn,offs,lens,make", CASES, ids=[f"{c[0]}{list(c[2])}" for c in CASES])
-def test_a_planned_slice_loads_exactly_and_reads_only_its_bytes(saved, fqn, offs, lens, make):
-    path, sd = saved
+@pytest.fixture(params=["direct", "ring"])
+def path_kind(request, monkeypatch):
+    """Every case both ways: read straight into CPU targets, and through the staging ring that targets off the
+    CPU take (``_storage._through_ring``; on the CPU its buffers are ordinary memory and its copies synchronous),
+    with buffers of 256 bytes, so slices are cut into pieces, packed and the three buffers reused."""
+    if request.param == "ring":
+        from tensorlist.dcp import _storage
+        monkeypatch.setattr(_storage, "_through_ring", lambda target: True)
+        monkeypatch.setattr(_storage, "RING_BYTES", 256)
+    return request.param
+
+
+def _read_plan(path, cases):
     reader = TensorListReader(path)
-    meta = reader.read_metadata()
-    reader.set_up_storage_reader(meta, True)
-    req = _Req(fqn, (0,) * len(offs), offs, lens)
-    target = make(torch.Size(lens))
-    planner = _Planner({id(req): target})
-    reader.read_data(type("Plan", (), {"items": [req]})(), planner).wait()
-    want = sd[fqn][tuple(slice(o, o + n) for o, n in zip(offs, lens))]
-    assert torch.equal(target, want.to(target.dtype)) and planner.committed == [req]
+    reader.set_up_storage_reader(reader.read_metadata(), True)
+    reqs = [_Req(fqn, (0,) * len(offs), offs, lens) for fqn, offs, lens, _ in cases]
+    targets = {id(req): make(torch.Size(lens)) for req, (_, _, lens, make) in zip(reqs, cases)}
+    planner = _Planner(targets)
+    reader.read_data(type("Plan", (), {"items": reqs})(), planner).wait()
+    assert planner.committed == reqs
+    return reader, [targets[id(req)] for req in reqs]
+
+
+def _slice(sd, fqn, offs, lens):
+    return sd[fqn][tuple(slice(o, o + n) for o, n in zip(offs, lens))]
+
+
+@pytest.mark.parametrize("fqn,offs,lens,make", CASES, ids=[f"{c[0]}{list(c[2])}" for c in CASES])
+def test_a_planned_slice_loads_exactly_and_reads_only_its_bytes(saved, path_kind, fqn, offs, lens, make):
+    path, sd = saved
+    reader, (target,) = _read_plan(path, [(fqn, offs, lens, make)])
+    assert torch.equal(target, _slice(sd, fqn, offs, lens).to(target.dtype))
     needed = int(np.prod(lens)) * sd[fqn].element_size()
     if fqn == "tall":
         assert reader.bytes_read <= (MAX_RUNS + 10) * 3 * 4
@@ -161,7 +181,30 @@ def test_a_planned_slice_loads_exactly_and_reads_only_its_bytes(saved, fqn, offs
         assert reader.bytes_read == needed
 
 
-def test_a_whole_load_through_dcp_reads_every_byte_once(tmp_path):
+def test_one_plan_of_every_case_loads_exactly(saved, path_kind):
+    """All the cases in one plan: through the ring, small slices share a buffer and large ones span several."""
+    path, sd = saved
+    _, targets = _read_plan(path, CASES)
+    for (fqn, offs, lens, _), target in zip(CASES, targets):
+        assert torch.equal(target, _slice(sd, fqn, offs, lens).to(target.dtype)), (fqn, lens)
+
+
+def test_the_ring_path_names_a_truncated_data_file(saved, tmp_path, monkeypatch):
+    import shutil
+    from tensorlist.dcp import _storage
+    path, _ = saved
+    copy = tmp_path / "ckpt"
+    shutil.copytree(path, copy)
+    data = max((f for f in os.listdir(copy) if f.endswith(".data")), key=lambda f: os.path.getsize(copy / f))
+    with open(copy / data, "r+b") as f:
+        f.truncate(os.path.getsize(copy / data) // 2)
+    monkeypatch.setattr(_storage, "_through_ring", lambda target: True)
+    with pytest.raises(FormatError, match="truncated") as e:
+        _read_plan(copy, [("w", (0, 0), (64, 32), CASES[0][3])])
+    assert e.value.file == str(copy / data[:-len(".data")].rsplit(".", 1)[0])
+
+
+def test_a_whole_load_through_dcp_reads_every_byte_once(tmp_path, path_kind):
     """Through dcp.load and its planner (the resharded slices are the parametrized test's, with real gloo ranks
     tests/test_dcp.py's and bench/bench_dcp.py's)."""
     import warnings

@@ -336,6 +336,34 @@ def test_cuda_without_cuda_is_a_clear_error(saved):
             load()
 
 
+def _dcp_load_through_the_ring(tmp_path, monkeypatch, device):
+    """dcp.load with TensorListReader into targets on ``device`` through the staging ring (non-contiguous, cast)."""
+    import warnings
+    import torch.distributed.checkpoint as dcp
+    from tensorlist.dcp import TensorListReader, TensorListWriter, _storage
+    state = {"w": torch.randn(256, 64), "h": torch.randn(32, 16).bfloat16(), "s": torch.tensor(1.5)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save(state, storage_writer=TensorListWriter(tmp_path))
+        for ring_bytes in (256, 32 << 20):  # many buffers in flight, then one
+            monkeypatch.setattr(_storage, "RING_BYTES", ring_bytes)
+            target = {"w": torch.empty(64, 256, device=device).t(), "h": torch.empty(32, 16, device=device),
+                      "s": torch.empty((), device=device)}
+            reader = TensorListReader(tmp_path)
+            dcp.load(target, storage_reader=reader, no_dist=True)
+            assert all(v.device.type == device for v in target.values())
+            assert torch.equal(target["w"].cpu(), state["w"]) and torch.equal(target["s"].cpu(), state["s"])
+            assert torch.equal(target["h"].cpu(), state["h"].float())  # a cast, from the staged bytes
+            assert reader.bytes_read == sum(v.numel() * v.element_size() for v in state.values())
+
+
+def test_a_dcp_load_through_the_ring_on_the_cpu(tmp_path, monkeypatch):
+    """The ring path of TensorListReader (what a CUDA target takes) with CPU targets: plain buffers, synchronous."""
+    from tensorlist.dcp import _storage
+    monkeypatch.setattr(_storage, "_through_ring", lambda target: True)
+    _dcp_load_through_the_ring(tmp_path, monkeypatch, "cpu")
+
+
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device: pinned staging buffers and a copy stream")
 class TestCuda:
     def test_load_to_cuda_is_bit_exact_for_every_dtype(self, saved):
@@ -370,6 +398,9 @@ class TestCuda:
         tl.save(tmp_path / "many.tl", a)
         out = tl.load(tmp_path / "many.tl", device="cuda", chunk_bytes=8192, buffers=2)
         assert all(np.array_equal(out[k].cpu().numpy(), v) for k, v in a.items())
+
+    def test_a_dcp_load_onto_cuda_goes_through_the_ring(self, tmp_path, monkeypatch):
+        _dcp_load_through_the_ring(tmp_path, monkeypatch, "cuda")
 
     def test_peers_agree(self, tmp_path):
         safetensors = pytest.importorskip("safetensors.torch")

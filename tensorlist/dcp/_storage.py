@@ -68,7 +68,7 @@ from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, W
 from torch.distributed.tensor import DTensor
 from torch.futures import Future
 
-from .. import _backends, _dtypes
+from .. import _backends, _dtypes, _staging
 from .._jsonio import dumps, to_tagged
 from .._torch_bridge import from_numpy, to_numpy, torch_dtype
 from .layout import (DCP_VERSION, METADATA_NAME, Checkpoint, StorageEntry, TensorMeta, bytes_key, commit_metadata,
@@ -441,6 +441,76 @@ def _add_slice(reads: RangeReads, data_path: str, base: int, file: str, entry: S
     return staged
 
 
+#: Bytes per staging buffer of a device load, and buffers in flight (``_staging``'s ring sizes).
+RING_BYTES, RING_BUFFERS = _staging.CHUNK_BYTES, _staging.BUFFERS
+_RING_ALIGN = 64
+
+
+def _through_ring(target: torch.Tensor) -> bool:
+    """A target off the CPU is filled through the staging ring (pinned buffers and a copy stream on CUDA)."""
+    return target.device.type != "cpu" and _dtypes.NATIVE_LITTLE
+
+
+def _ring_pieces(entry: StorageEntry, req, target: torch.Tensor, limit: int):
+    """The planned slice cut along its first dimension into pieces of at most ``limit`` bytes (a row at least)."""
+    offs, lengths = tuple(req.storage_offsets), tuple(req.lengths)
+    if not lengths or 0 in lengths:
+        return [(offs, lengths, target)]
+    row = _dtypes.from_name(entry.dtype).itemsize * math.prod(lengths[1:])
+    step = max(1, limit // row)
+    return [((offs[0] + r,) + offs[1:], (min(step, lengths[0] - r),) + lengths[1:],
+             target.narrow(0, r, min(step, lengths[0] - r))) for r in range(0, lengths[0], step)]
+
+
+def _read_through_ring(items) -> int:
+    """Reads planned slices for targets off the CPU through ``_staging.Ring``; returns the bytes read.
+
+    ``items``: ``(data_path, base, file, entry, req, target)``. Each slice's
+    byte ranges (``slice_runs``, or past ``MAX_RUNS`` its bounding range) are
+    read with ``RangeReads`` into a staging buffer, packed with others up to
+    ``RING_BYTES``, and copied to the target from there, while the next
+    buffer is read. The copies have finished when this returns.
+    """
+    plans: Dict[torch.device, list] = {}
+    for data_path, base, file, entry, req, target in items:
+        row, shape, dtype = _dtypes.from_name(entry.dtype), tuple(entry.shape), torch_dtype(entry.dtype)
+        for offs, lengths, dst in _ring_pieces(entry, req, target, RING_BYTES):
+            starts, run = slice_runs(shape, row.itemsize, offs, lengths)
+            if not starts:
+                continue
+            if len(starts) > MAX_RUNS:  # a thin slice across many rows: its bounding range, narrowed in the buffer
+                first, nbytes = bounding(shape, row.itemsize, offs, lengths)
+                ranges = [(base + first, nbytes, 0)]
+                strides = tuple(math.prod(shape[d + 1:]) for d in range(len(shape)))
+                make = (lambda b, dt=dtype, ls=lengths, st=strides: b.view(dt).as_strided(ls, st))
+            else:
+                nbytes = run * len(starts)
+                ranges = [(base + st, run, k * run) for k, st in enumerate(starts)]
+                make = (lambda b, dt=dtype, ls=lengths: b.view(dt).view(ls))
+            plans.setdefault(dst.device, []).append((data_path, file, nbytes, ranges, make, dst))
+    read = 0
+    for device, plan in plans.items():
+        padded = [-(-p[2] // _RING_ALIGN) * _RING_ALIGN for p in plan]
+        size = min(max(RING_BYTES, max(padded)), sum(padded))
+        with _staging.Ring(device, size, min(RING_BUFFERS, len(plan))) as ring:
+            i = 0
+            while i < len(plan):
+                slot = ring.next()
+                host, buf, used, pairs = ring.hosts[slot], ring.bufs[slot], 0, []
+                with RangeReads() as reads:
+                    while i < len(plan) and (not pairs or used + padded[i] <= size):
+                        data_path, file, nbytes, ranges, make, dst = plan[i]
+                        for offset, n, at in ranges:
+                            reads.add(data_path, offset, host[used + at:used + at + n], file)
+                        pairs.append((dst, make(buf[used:used + nbytes])))
+                        used += padded[i]
+                        i += 1
+                    reads.run()
+                    read += reads.bytes_read
+                ring.copy(slot, pairs)
+    return read
+
+
 def _torch_metadata(ckpt: Checkpoint, load_id: Optional[str]) -> Metadata:
     """DCP's Metadata for a checked checkpoint; storage_data maps MetadataIndex -> StorageEntry."""
     state: Dict[str, Any] = {}
@@ -470,8 +540,10 @@ class TensorListReader(_CheckpointPath, StorageReader):
     DCP reshards to the state dict's layout. Each load reads only the bytes of
     the slices its plan asks for (a rank that needs half of a saved chunk
     reads that half), with ``preadv`` straight into the target tensors where
-    they are contiguous CPU tensors of the stored dtype; :attr:`bytes_read`
-    counts them.
+    they are contiguous CPU tensors of the stored dtype; a target on a GPU is
+    filled through the staging ring of ``tensorlist.load(path, device=...)``
+    (pinned buffers, copies on a side stream while the next buffer is read).
+    :attr:`bytes_read` counts the bytes read.
 
     Args:
         path: the checkpoint directory, or an fsspec URL.
@@ -549,7 +621,7 @@ class TensorListReader(_CheckpointPath, StorageReader):
         return target
 
     def _read_ranges(self, plan: LoadPlan, planner: LoadPlanner) -> None:
-        pending = []
+        pending, ring = [], []
         with Shards(self.path, mmap=False, limits=self.limits) as shards, RangeReads() as reads:
             for req in plan.items:
                 entry: StorageEntry = self.storage[req.storage_index]
@@ -558,9 +630,13 @@ class TensorListReader(_CheckpointPath, StorageReader):
                     continue
                 data_path, base, file = shards.locate(entry)
                 target = self._target(req, entry, planner)
-                pending.append((req, target, _add_slice(reads, data_path, base, file, entry, req, target)))
+                if _through_ring(target):
+                    ring.append((data_path, base, file, entry, req, target))
+                    pending.append((req, target, None))
+                else:
+                    pending.append((req, target, _add_slice(reads, data_path, base, file, entry, req, target)))
             reads.run()
-        self.bytes_read += reads.bytes_read
+            self.bytes_read += reads.bytes_read + _read_through_ring(ring)
         for req, target, staged in pending:
             if staged is not None:
                 target.copy_(staged())
