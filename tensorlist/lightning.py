@@ -54,6 +54,7 @@ import os
 import pickle
 import re
 import shutil
+from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
@@ -344,15 +345,22 @@ def _sharded_state(checkpoint: Dict[str, Any], model_key: str) -> Dict[str, Any]
     return state
 
 
-class _TensorListSharded:
-    """The sharded save and load both strategies share (mixed in before the Lightning strategy)."""
+class _TensorListSharded(ABC):
+    """The sharded save and load both strategies share (mixed in before the Lightning strategy).
+
+    Takes the strategy's own arguments, plus ``allow_pickle`` and ``encode``
+    (as :class:`TensorListCheckpointIO`'s).
+    """
 
     _model_key = "state_dict"
-    allow_pickle = False
-    encode = None
 
+    def __init__(self, *args, allow_pickle: bool = False, encode=None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.allow_pickle, self.encode = allow_pickle, encode
+
+    @abstractmethod
     def _is_sharded_save(self) -> bool:
-        raise NotImplementedError
+        """Whether this save is sharded (DCP through TensorListWriter) rather than one full file."""
 
     def save_checkpoint(self, checkpoint: Dict[str, Any], filepath, storage_options: Optional[Any] = None) -> None:
         if not self._is_sharded_save():
@@ -425,10 +433,6 @@ class TensorListModelParallelStrategy(_TensorListSharded, ModelParallelStrategy)
     arguments, plus ``allow_pickle`` and ``encode`` (as the checkpoint IO's).
     """
 
-    def __init__(self, *args, allow_pickle: bool = False, encode=None, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.allow_pickle, self.encode = allow_pickle, encode
-
     def _is_sharded_save(self) -> bool:
         return bool(self._save_distributed_checkpoint)
 
@@ -466,10 +470,6 @@ class TensorListFSDPStrategy(_TensorListSharded, FSDPStrategy):
     """
 
     _model_key = "model"
-
-    def __init__(self, *args, allow_pickle: bool = False, encode=None, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.allow_pickle, self.encode = allow_pickle, encode
 
     def _is_sharded_save(self) -> bool:
         return self._state_dict_type == "sharded"
