@@ -72,10 +72,11 @@ from .errors import FormatError, short_repr
 from ._commit import new_token, own_locations
 from .format import open_regular, read_json_file
 from .record import TrainingRecorder, read_training_record, validate_dataset_params, weights_sha256
+from ._lightning_record import RECORD_KEYS, SOLVER, global_seed, with_record
 
 __all__ = [
     "TensorListCheckpointIO", "TensorListModelParallelStrategy", "TensorListFSDPStrategy",
-    "TrainingRecordCallback", "convert_checkpoint", "encode_checkpoint", "decode_checkpoint", "META_NAME", "META_KEY",
+    "TrainingRecordCallback", "convert_checkpoint", "load_from_checkpoint", "encode_checkpoint", "decode_checkpoint", "META_NAME", "META_KEY",
 ]
 
 #: The JSON document a sharded checkpoint directory holds in place of Lightning's pickled ``meta.pt``.
@@ -90,8 +91,6 @@ PICKLED_META_NAME = "meta.pt"
 #: The tags of this module's values (one-key objects; ``to_tagged`` escapes a caller's dict of that shape).
 TENSOR_TAG, NDARRAY_TAG, BYTES_TAG, PICKLE_TAG = "__tensor__", "__ndarray__", "__bytes__", "__pickle__"
 _TAGS = (TENSOR_TAG, NDARRAY_TAG, BYTES_TAG, PICKLE_TAG)
-#: The checkpoint's keys holding the record (a model file's metadata keys).
-RECORD_KEYS = ("training", "dataset_params")
 #: How a torch file starts: a zip archive (torch >= 1.6) or a pickle (protocol 2+).
 _TORCH_MAGICS = (b"PK\x03\x04", b"\x80")
 _SNIFF_BYTES = 64
@@ -233,7 +232,8 @@ def _refuse_pickle(path: str) -> None:
 
 
 def _save_document(path, checkpoint, allow_pickle, encode, where="checkpoint") -> None:
-    doc = encode_checkpoint(checkpoint, allow_pickle=allow_pickle, encode=encode, where=where)
+    """Writes a checkpoint; one of Lightning's gets its record made from it when it holds none."""
+    doc = encode_checkpoint(with_record(checkpoint), allow_pickle=allow_pickle, encode=encode, where=where)
     if isinstance(doc.get("state_dict"), writer.Tensors) and isinstance(doc.get("training"), dict):
         record = doc["training"]
         if isinstance(record.get("weights"), dict) and record["weights"].get("sha256") is None:
@@ -316,11 +316,16 @@ class TensorListCheckpointIO(CheckpointIO):
     def remove_checkpoint(self, path) -> None:
         """Removes the checkpoint: its descriptor first (at once, by one unlink), then its data file.
 
-        A sharded checkpoint's directory loses its meta documents first (it no
+        A symbolic link (``ModelCheckpoint(save_last="link")``'s ``last.ckpt``)
+        is removed alone: the checkpoint it points to keeps its files. A
+        sharded checkpoint's directory loses its meta documents first (it no
         longer loads), then the rest.
         """
         path = os.fspath(path)
-        if os.path.isdir(path) and not os.path.islink(path):  # a sharded checkpoint: its meta documents first
+        if os.path.islink(path):
+            os.unlink(path)
+            return
+        if os.path.isdir(path):  # a sharded checkpoint: its meta documents first
             for name in sorted(os.listdir(path)):
                 if name == META_NAME or _META_RE.fullmatch(name):
                     self.remove_checkpoint(os.path.join(path, name))
@@ -516,6 +521,29 @@ def convert_checkpoint(src, dst, *, allow_pickle: bool = False, encode: Optional
     TensorListCheckpointIO(allow_pickle=allow_pickle, encode=encode).save_checkpoint(checkpoint, dst)
 
 
+def load_from_checkpoint(cls, path, *, map_location=None, strict: Optional[bool] = None, allow_pickle: bool = False,
+                         **kwargs):
+    """``cls.load_from_checkpoint(path)`` for a tensorlist checkpoint (Lightning's own reads with ``torch.load``).
+
+    ``cls`` (a ``LightningModule`` or ``LightningDataModule`` subclass) is made
+    from the checkpoint's saved hyper-parameters (``save_hyperparameters``),
+    ``kwargs`` overriding them, and a module gets the checkpoint's weights
+    (``strict`` as Lightning's), on ``map_location``.
+
+    Raises:
+        FormatError: a stock (pickle) checkpoint or a broken one, naming the file.
+    """
+    from lightning.pytorch import LightningDataModule
+    from lightning.pytorch.core.saving import _load_state
+
+    checkpoint = _load_document(path, map_location, allow_pickle)
+    checkpoint.setdefault(cls.CHECKPOINT_HYPER_PARAMS_KEY, {})
+    checkpoint[cls.CHECKPOINT_HYPER_PARAMS_KEY].update(kwargs)
+    if issubclass(cls, LightningDataModule):
+        return _load_state(cls, checkpoint, **kwargs)
+    return _load_state(cls, checkpoint, strict=strict, **kwargs)
+
+
 # --------------------------------------------------------------------------
 # the training record
 
@@ -600,12 +628,11 @@ class TrainingRecordCallback(Callback):
         if trainer.lr_scheduler_configs:
             config = trainer.lr_scheduler_configs[0]
             scheduler, step = config.scheduler, ("batch" if config.interval == "step" else "epoch")
-        seed = os.environ.get("PL_GLOBAL_SEED")
         self.recorder = TrainingRecorder(
             _hashable(pl_module), optimizer, train_loader=trainer.train_dataloader, epochs=int(trainer.max_epochs or 0),
-            scheduler=scheduler, scheduler_step=step, seed=None if seed is None else int(seed),
+            scheduler=scheduler, scheduler_step=step, seed=global_seed(),
             initial_weights={"from": "random_state"}, validation=self._validation(trainer),
-            solver="lightning.pytorch.Trainer",
+            solver=SOLVER,
             solver_params={"max_epochs": trainer.max_epochs, "max_steps": trainer.max_steps,
                            "accumulate_grad_batches": trainer.accumulate_grad_batches,
                            "strategy": type(trainer.strategy).__name__, "world_size": trainer.world_size,

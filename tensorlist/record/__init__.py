@@ -28,7 +28,7 @@ modules, one concept each, which import one another in this order only:
 - ``spec``: object specs and the JSON of free-form values (:func:`spec`);
 - ``core``: the version marker, :class:`TrainingRecord`, :func:`history`, validation;
 - ``modelfile``: reading records, :func:`save_model_file`, :func:`verify_model_file`;
-- ``build``: :func:`loader_settings`, :func:`optimizer_record`,
+- ``build``: :func:`loader_settings`, :func:`optimizer_record`, :func:`optimizer_state_record`,
   :func:`build_training_record`, :class:`TrainingRecorder`.
 
 torch is imported lazily, inside the functions that are given torch objects
@@ -44,7 +44,7 @@ Example:
     True
 """
 from ._common import RecordWarning
-from .build import TrainingRecorder, build_training_record, loader_settings, optimizer_record
+from .build import TrainingRecorder, build_training_record, loader_settings, optimizer_record, optimizer_state_record
 from .core import (
     FORMAT,
     WEIGHTS_KINDS,
@@ -70,6 +70,7 @@ __all__ = [
     "loader_settings",
     "spec",
     "optimizer_record",
+    "optimizer_state_record",
     "build_training_record",
     "validate_training_record",
     "validate_dataset_params",

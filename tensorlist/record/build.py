@@ -28,7 +28,7 @@ from .hash import weights_sha256
 from .modelfile import read_training_record, save_model_file
 from .spec import spec, spec_or_none, to_json
 
-__all__ = ["loader_settings", "optimizer_record", "build_training_record", "TrainingRecorder"]
+__all__ = ["loader_settings", "optimizer_record", "optimizer_state_record", "build_training_record", "TrainingRecorder"]
 
 _SCHEDULER_STEPS = ("epoch", "batch")
 
@@ -228,6 +228,39 @@ def optimizer_record(optimizer, *, model=None, scheduler=None, scheduler_step: O
     }
 
 
+def optimizer_state_record(state) -> dict:
+    """The ``optimizer`` section of a record from a saved optimizer state (torch's ``optimizer.state_dict()``).
+
+    For a saver that holds the state but not the optimizer (a checkpoint
+    plugin): the state names no class (``class`` null) and keeps each group's
+    settings, not the constructor's defaults (``hyperparameters`` ``{}``);
+    every group is listed, its parameters named by their index in the state
+    (``"#0"``, ...), its ``initial_lr`` (else ``lr``) as its starting rate.
+    No state, or one without groups: no groups (``parameter_groups`` null).
+    The scheduler is not in an optimizer's state (null).
+
+    Example:
+        >>> optimizer_state_record({"state": {}, "param_groups": [{"lr": 0.1, "momentum": 0.9, "params": [0, 1]}]})
+        ... # doctest: +NORMALIZE_WHITESPACE
+        {'class': None, 'hyperparameters': {}, 'parameter_groups': [{'parameters': ['#0', '#1'], 'initial_lr': 0.1,
+         'settings': {'momentum': 0.9}}], 'scheduler': None, 'scheduler_step': None}
+    """
+    groups = state.get("param_groups") if isinstance(state, Mapping) else None
+    listed = []
+    for g, group in enumerate(groups if isinstance(groups, (list, tuple)) else ()):
+        if not isinstance(group, Mapping):
+            continue
+        params = group.get("params")
+        settings = {k: v for k, v in group.items() if k not in ("params", "lr", "initial_lr")}
+        listed.append({
+            "parameters": [f"#{p}" for p in (params if isinstance(params, (list, tuple)) else ())],
+            "initial_lr": _finite_or_none(group.get("initial_lr", group.get("lr"))),
+            "settings": to_json(settings, f"optimizer.parameter_groups[{g}].settings"),
+        })
+    return {"class": None, "hyperparameters": {}, "parameter_groups": listed or None,
+            "scheduler": None, "scheduler_step": None}
+
+
 # --------------------------------------------------------------------------
 # whole records
 
@@ -277,7 +310,7 @@ def build_training_record(
     *,
     optimizer,
     train_loader,
-    epochs_asked: int,
+    epochs_asked: Optional[int],
     epochs_done: int,
     training_loss,
     validation_values=None,
@@ -302,8 +335,9 @@ def build_training_record(
         optimizer: a torch optimizer (snapshot now, see :func:`optimizer_record`)
             or the dict :func:`optimizer_record` made when training started
             (then ``scheduler`` must be None: it is inside).
-        train_loader: the training DataLoader or its :func:`loader_settings`.
-        epochs_asked: epochs the training was asked for.
+        train_loader: the training DataLoader or its :func:`loader_settings`;
+            None when the saver did not see it.
+        epochs_asked: epochs the training was asked for; None when unknown.
         epochs_done: epochs completed.
         training_loss: per-epoch training losses (at least ``epochs_done``).
         validation_values: per-epoch validation values (None/NaN: not validated).
@@ -338,8 +372,9 @@ def build_training_record(
         TypeError, ValueError: an argument of the wrong type or value.
     """
     for arg, value in (("seed", seed), ("epochs_asked", epochs_asked), ("epochs_done", epochs_done)):
-        if (value is not None or arg != "seed") and int_or_none(value) is None:
-            raise TypeError(f"{arg} must be an integer{' or None' if arg == 'seed' else ''}, got {value!r}")
+        optional = arg != "epochs_done"
+        if (value is not None or not optional) and int_or_none(value) is None:
+            raise TypeError(f"{arg} must be an integer{' or None' if optional else ''}, got {value!r}")
     if isinstance(optimizer, Mapping):
         if scheduler is not None or scheduler_step is not None:
             raise ValueError("scheduler and scheduler_step belong to optimizer_record() when optimizer is a dict")
@@ -380,9 +415,9 @@ def build_training_record(
         seed=None if seed is None else int(seed),
         initial_weights_sha256=initial_weights_sha256,
         initial_weights=to_json(dict(initial_weights), "initial_weights"),
-        train=loader_settings(train_loader),
+        train=None if train_loader is None else loader_settings(train_loader),
         validation=_validation_section(validation, loss_spec),
-        epochs={"asked": int(epochs_asked), "done": done},
+        epochs={"asked": None if epochs_asked is None else int(epochs_asked), "done": done},
         weights={"kind": weights_kind, "epoch": epoch, "validation": _finite_or_none(weights_validation), "sha256": None},
         history={
             "training_loss": history(training_loss, done),
