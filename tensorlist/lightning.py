@@ -62,6 +62,7 @@ import numpy as np
 import torch
 from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.plugins.io import AsyncCheckpointIO
 from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
 
 from . import reader, writer
@@ -76,7 +77,7 @@ from ._lightning_record import RECORD_KEYS, SOLVER, global_seed, with_record
 
 __all__ = [
     "TensorListCheckpointIO", "TensorListModelParallelStrategy", "TensorListFSDPStrategy",
-    "TrainingRecordCallback", "convert_checkpoint", "load_from_checkpoint", "encode_checkpoint", "decode_checkpoint", "META_NAME", "META_KEY",
+    "TrainingRecordCallback", "convert_checkpoint", "load_from_checkpoint", "TensorListAsyncCheckpointIO", "encode_checkpoint", "decode_checkpoint", "META_NAME", "META_KEY",
 ]
 
 #: The JSON document a sharded checkpoint directory holds in place of Lightning's pickled ``meta.pt``.
@@ -338,6 +339,31 @@ class TensorListCheckpointIO(CheckpointIO):
         for name in data:
             if os.path.isfile(name):
                 os.unlink(name)
+
+
+class TensorListAsyncCheckpointIO(AsyncCheckpointIO):
+    """``AsyncCheckpointIO`` whose removals wait for the saves queued before them.
+
+    Lightning's ``AsyncCheckpointIO`` saves on a worker thread but removes on
+    the caller's: ``ModelCheckpoint``'s top-k removal of a checkpoint whose save
+    is still queued finds nothing, and the save then writes a checkpoint that
+    stays. Here a removal is queued behind the saves (same thread, in order),
+    its error raised like a save's. Wraps any ``CheckpointIO``
+    (``TensorListAsyncCheckpointIO(TensorListCheckpointIO())``).
+    """
+
+    def remove_checkpoint(self, *args: Any, **kwargs: Any) -> None:
+        self._ensure_setup()
+
+        def remove() -> None:
+            try:
+                super(TensorListAsyncCheckpointIO, self).remove_checkpoint(*args, **kwargs)
+            except BaseException as ex:  # as AsyncCheckpointIO keeps a save's, raised at the next call
+                self._error = ex
+
+        self._executor.submit(remove)  # type: ignore[union-attr]
+        if self._error:
+            raise self._error
 
 
 # --------------------------------------------------------------------------

@@ -328,3 +328,14 @@ def test_model_parallel_sharded_resume_is_bit_exact(tmp_path, capsys):
     resumed = _script("model_parallel", tmp_path / "resumed", 3, first)
     assert resumed == losses[2:]
     assert "epochs: 3 done of 3 asked" in _record_cli(tmp_path / "resumed" / "epoch=2-step=6.ckpt" / META_NAME, capsys)
+
+
+def test_remove_checkpoint_of_a_link_keeps_its_target(tmp_path):
+    """ModelCheckpoint(save_last="link")'s last.ckpt is a symlink: removing it leaves the checkpoint it names whole."""
+    io = TensorListCheckpointIO()
+    io.save_checkpoint({"state_dict": {"w": torch.ones(2)}}, tmp_path / "epoch=0.ckpt")
+    os.symlink("epoch=0.ckpt", tmp_path / "last.ckpt")
+    before = sorted(os.listdir(tmp_path))
+    io.remove_checkpoint(tmp_path / "last.ckpt")
+    assert sorted(os.listdir(tmp_path)) == [n for n in before if n != "last.ckpt"]
+    assert io.load_checkpoint(tmp_path / "epoch=0.ckpt")["state_dict"]["w"].tolist() == [1.0, 1.0]
