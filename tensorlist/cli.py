@@ -130,7 +130,8 @@ def _record_summary(metadata) -> Optional[dict]:
     losses = [v for v in hist["training_loss"] if v is not None]
     return {
         "weights": f"{rec['weights']['kind']} after epoch {rec['weights']['epoch']}",
-        "epochs": f"{rec['epochs']['done']} done of {rec['epochs']['asked']} asked",
+        "epochs": f"{rec['epochs']['done']} done" + ("" if rec["epochs"]["asked"] is None
+                                                      else f" of {rec['epochs']['asked']} asked"),
         "solver": rec["solver"]["class"],
         "optimizer": rec["optimizer"]["class"],
         "last training loss": losses[-1] if losses else None,

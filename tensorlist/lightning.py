@@ -22,6 +22,9 @@ Three pieces, each for ``lightning.pytorch.Trainer``:
     ``allow_pickle=True`` (``{"__pickle__": ...}``, loaded only by a plugin
     that also allows pickle).
 
+  Each checkpoint of Lightning's holds a training record (``"training"``,
+  ``"dataset_params"``): the one it carries, else one made from the dict
+  itself (``_lightning_record.with_record``), so provenance needs no callback.
   A stock Lightning ``.ckpt`` (a torch pickle) given to ``load_checkpoint`` is
   refused, never unpickled; :func:`convert_checkpoint` converts one you trust.
 - :class:`TensorListModelParallelStrategy` (and :class:`TensorListFSDPStrategy`)
@@ -30,13 +33,13 @@ Three pieces, each for ``lightning.pytorch.Trainer``:
   in place of the pickled ``meta.pt``: ``meta.<token>.json``, named by the
   save's DCP entry ``tensorlist_meta`` (so a killed save never pairs shards
   with another save's state), and its copy ``meta.json`` for readers.
-- :class:`TrainingRecordCallback` fills the training record (optimizer,
+- :class:`TrainingRecordCallback` fills a fuller training record (optimizer,
   parameter groups, schedule, seed from ``PL_GLOBAL_SEED``, initial weights'
   hash, epochs, per-epoch losses) and puts it into every checkpoint:
   ``tensorlist record epoch=1-step=8.ckpt`` reads it.
 
 Imports lightning, torch, ``tensorlist.dcp`` (TensorListWriter/Reader),
-``tensorlist.record``, ``reader``, ``writer``, ``format``, ``_jsonio``,
+``tensorlist.record``, ``_lightning_record``, ``reader``, ``writer``, ``format``, ``_jsonio``,
 ``_torch_bridge`` and ``errors``; nothing imports it.
 
 Example:
