@@ -54,7 +54,7 @@ from typing import Any, Dict, List, Mapping, Optional
 
 import torch
 
-from . import reader, writer
+from . import _hf_accelerate as checkpoint_dirs, _hf_record as trainer_state, reader, writer
 from ._commit import atomic_file
 from ._jsonio import dumps, from_tagged, loads_strict, to_tagged
 from .errors import FormatError
@@ -259,7 +259,7 @@ def _accelerate_record(accelerator, model, training, dataset_params):
     return record, data
 
 
-def save_state(accelerator, output_dir, *, training=None, dataset_params: Optional[Mapping] = None) -> str:
+def save_state(accelerator, output_dir=None, *, training=None, dataset_params: Optional[Mapping] = None) -> str:
     """``accelerator.save_state(output_dir)`` as tensorlist files: no pickle in the directory.
 
     Saves each prepared model (``model.json``, a model file), optimizer
@@ -277,7 +277,12 @@ def save_state(accelerator, output_dir, *, training=None, dataset_params: Option
 
     Args:
         accelerator: an ``accelerate.Accelerator`` after ``prepare``.
-        output_dir: the checkpoint directory (made if needed).
+        output_dir: the checkpoint directory (made if needed). Under the
+            accelerator's automatic checkpoint naming it is ignored, as by
+            ``Accelerator.save_state``: the save goes to
+            ``<project_dir>/checkpoints/checkpoint_<iteration>``, the oldest
+            beyond ``total_limit`` are removed once it is complete, and
+            ``project_configuration.iteration`` moves on only then.
         training: the model files' training record: a
             ``tensorlist.record.TrainingRecorder`` (its ``checkpoint`` record),
             a record, or None for one built from the first optimizer,
@@ -285,15 +290,23 @@ def save_state(accelerator, output_dir, *, training=None, dataset_params: Option
         dataset_params: the data record (default ``{}``).
 
     Returns:
-        ``output_dir``.
+        The directory written.
 
     Raises:
+        ValueError: no ``output_dir`` without automatic naming, or the
+            automatic ``checkpoint_<iteration>`` exists already.
         NotImplementedError: an FSDP, DeepSpeed, Megatron-LM or XLA run.
         TypeError: a scheduler, sampler or custom state holding values JSON
             cannot hold (naming where).
     """
     _check_distributed(accelerator)
-    output_dir = os.fspath(output_dir)
+    with checkpoint_dirs.saving(accelerator, output_dir) as target:
+        _write_state(accelerator, target, training, dataset_params)
+    return target
+
+
+def _write_state(accelerator, output_dir: str, training, dataset_params) -> None:
+    """The files of :func:`save_state`, into ``output_dir``."""
     os.makedirs(output_dir, exist_ok=True)
     main = accelerator.is_main_process
     if main and os.path.exists(os.path.join(output_dir, MANIFEST_FILE)):
@@ -336,9 +349,7 @@ def save_state(accelerator, output_dir, *, training=None, dataset_params: Option
     if main:  # last, once every process has written its RNG states
         written += [f"random_states_{r}.json" for r in range(accelerator.num_processes)]
         _write_manifest(output_dir, written)
-    accelerator.project_configuration.iteration += 1
     accelerator.wait_for_everyone()
-    return output_dir
 
 
 def _sha256_of(path: str) -> str:
@@ -399,10 +410,14 @@ def _loader_state(loader):
     return state, tensors
 
 
-def load_state(accelerator, input_dir, *, strict: bool = True) -> None:
+def load_state(accelerator, input_dir=None, *, strict: bool = True) -> None:
     """Restores what :func:`save_state` wrote into the accelerator's prepared objects.
 
+    ``input_dir`` None under automatic checkpoint naming: the newest complete
+    ``<project_dir>/checkpoints/checkpoint_<N>``, as ``Accelerator.load_state()``.
+
     Raises:
+        ValueError: no ``input_dir`` and automatic naming is off.
         FormatError: the directory holds pickles (a stock ``save_state``; the
             message says how to convert it); it has no manifest (a save
             killed midway) or a descriptor is not the one the manifest lists
@@ -413,9 +428,8 @@ def load_state(accelerator, input_dir, *, strict: bool = True) -> None:
             (``strict=False`` loads what matches in the models).
     """
     _check_distributed(accelerator)
-    input_dir = os.path.expanduser(os.fspath(input_dir))
-    if not os.path.isdir(input_dir):
-        raise FileNotFoundError(f"{input_dir}: no such checkpoint directory")
+    input_dir = checkpoint_dirs.load_dir(accelerator, input_dir,
+                                         complete=lambda d: os.path.isfile(os.path.join(d, MANIFEST_FILE)))
     refuse_pickles(input_dir, how=_ACCELERATE_HOW)
     files = _read_manifest(input_dir)
     models = list(accelerator._models)
@@ -465,40 +479,6 @@ def _set_loader_state(loader, state: Mapping, tensors: Mapping) -> None:
 # transformers' Trainer
 
 
-def _epoch_history(log_history: List[Mapping], done: int):
-    """Per-epoch (training loss, validation, learning rate) from the Trainer's ``log_history``.
-
-    An epoch's training loss is the mean of the ``loss`` values logged in it,
-    its validation the last ``eval_loss``, its rate the last
-    ``learning_rate``; an epoch with nothing logged gets null.
-    """
-    losses: List[List[float]] = [[] for _ in range(done)]
-    valid: List[Optional[float]] = [None] * done
-    rates: List[Optional[float]] = [None] * done
-    for entry in log_history:
-        epoch = entry.get("epoch")
-        if not isinstance(epoch, (int, float)) or not math.isfinite(epoch):
-            continue
-        i = max(math.ceil(epoch - 1e-9), 1) - 1
-        if i >= done:
-            continue
-        if isinstance(entry.get("loss"), (int, float)):
-            losses[i].append(float(entry["loss"]))
-        if isinstance(entry.get("eval_loss"), (int, float)):
-            valid[i] = float(entry["eval_loss"])
-        if isinstance(entry.get("learning_rate"), (int, float)):
-            rates[i] = float(entry["learning_rate"])
-    return [sum(v) / len(v) if v else None for v in losses], valid, rates
-
-
-def _per_group(rate: Optional[float], groups: List[Mapping]):
-    """The logged rate (group 0's) for every group: a scheduler scales each group's starting rate alike."""
-    first = groups[0].get("initial_lr")
-    if rate is None or not first:
-        return [None] * len(groups)
-    return [None if g.get("initial_lr") is None else rate * g["initial_lr"] / first for g in groups]
-
-
 def trainer_record(trainer, kind: str = "final"):
     """The training record of a :data:`TensorListTrainer`'s weights now (None before it has an optimizer).
 
@@ -507,7 +487,11 @@ def trainer_record(trainer, kind: str = "final"):
     the hash of the starting weights, the loader's settings, the epochs asked
     and completed (``state.epoch``, counted from 1), the per-epoch history
     from ``state.log_history`` and, in ``solver.solver_params``, the global
-    step, the whole ``log_history`` and the training arguments.
+    step, the whole ``log_history`` and the training arguments. A Trainer
+    that evaluates gets a ``validation`` section and each epoch's last
+    ``eval_<metric_for_best_model>`` (``eval_loss`` by default) in the
+    history; a final save after ``load_best_model_at_end`` loaded the best
+    checkpoint is ``best_validation`` weights (``tensorlist._hf_record``).
     """
     start = getattr(trainer, "_tensorlist_start", None) or {}
     opt_section = start.get("optimizer")
@@ -520,22 +504,27 @@ def trainer_record(trainer, kind: str = "final"):
     st, args = trainer.state, trainer.args
     done = int(math.floor((st.epoch or 0) + 1e-9))
     asked = math.ceil(st.num_train_epochs) if getattr(st, "num_train_epochs", None) else math.ceil(args.num_train_epochs)
-    loss, valid, rates = _epoch_history(st.log_history or [], done)
+    metric = trainer_state.metric_key(args)
+    loss, valid, rates = trainer_state.epoch_history(st.log_history or [], done, metric)
     groups = opt_section.get("parameter_groups")
     if groups and len(groups) > 1:
-        rates = [_per_group(r, groups) for r in rates]
+        rates = [trainer_state.per_group(r, groups) for r in rates]
+    best = getattr(trainer, "_tensorlist_best", False) and kind == "final" and trainer_state.best_weights(st, metric, done)
     loader = getattr(trainer.callback_handler, "train_dataloader", None)
     if loader is None:
         loader = {"batch_size": args.per_device_train_batch_size, "shuffle": None,
                   "drop_last": bool(args.dataloader_drop_last), "sampler": None}
     return build_training_record(
         optimizer=opt_section, train_loader=loader, epochs_asked=max(asked, done), epochs_done=done,
-        training_loss=loss, validation_values=valid, learning_rates=rates,
-        weights_kind=kind, weights_epoch=done, model=trainer.model, seed=args.seed,
+        training_loss=loss, validation_values=valid, learning_rates=rates, model=trainer.model, seed=args.seed,
+        weights_kind="best_validation" if best else kind, weights_epoch=best[0] if best else done,
+        weights_validation=best[1] if best else None,
+        validation=trainer_state.validation(trainer, metric, getattr(trainer, "tensorlist_eval_dataset_params", None)),
         initial_weights_sha256=start.get("initial_weights_sha256"),
         initial_weights=start.get("initial_weights") or trainer.tensorlist_initial_weights,
         solver=type(trainer), solver_params={
             "global_step": int(st.global_step), "epoch": st.epoch, "max_steps": int(st.max_steps or 0),
+            "validation_metric": metric,
             "log_history": list(st.log_history or []), "training_args": loads_strict(args.to_json_string()),
         },
     )
@@ -586,12 +575,17 @@ def _trainer_class():
                 ``{"from": None, "origin": None}``: not known).
             export_safetensors: also write ``model.safetensors`` (and the
                 config) for ``from_pretrained`` beside each ``model.json``.
+            eval_dataset_params: the record of the evaluation data (default:
+                the evaluation dataset's class name and length).
             *args, **kwargs: ``transformers.Trainer``'s.
         """
 
         def __init__(self, *args, dataset_params: Optional[Mapping] = None,
-                     initial_weights: Optional[Mapping] = None, export_safetensors: bool = False, **kwargs):
+                     initial_weights: Optional[Mapping] = None, export_safetensors: bool = False,
+                     eval_dataset_params: Optional[Mapping] = None, **kwargs):
             super().__init__(*args, **kwargs)
+            self.tensorlist_eval_dataset_params = None if eval_dataset_params is None else dict(eval_dataset_params)
+            self._tensorlist_best = False  # the model holds the best checkpoint's weights (load_best_model_at_end)
             self.tensorlist_dataset_params = None if dataset_params is None else dict(dataset_params)
             self.tensorlist_initial_weights = dict(initial_weights) if initial_weights else None
             self.tensorlist_export_safetensors = bool(export_safetensors)
@@ -600,6 +594,7 @@ def _trainer_class():
 
         # ---- what the record starts from
         def train(self, resume_from_checkpoint=None, trial=None, **kwargs):
+            self._tensorlist_best = False
             if resume_from_checkpoint is True:
                 resume_from_checkpoint = last_checkpoint(self.args.output_dir)
                 if resume_from_checkpoint is None:
@@ -695,8 +690,9 @@ def _trainer_class():
             load_module_state(os.path.join(resume_from_checkpoint, MODEL_FILE), model)
 
         def _load_optimizer_and_scheduler(self, checkpoint):
-            if checkpoint is None:
-                return
+            if checkpoint is None or not any(os.path.lexists(os.path.join(checkpoint, n))
+                                             for n in (OPTIMIZER_FILE, SCHEDULER_FILE)):
+                return  # a save_only_model checkpoint: a fresh optimizer, as the stock Trainer
             load_optimizer_state(os.path.join(checkpoint, OPTIMIZER_FILE), self.optimizer)
             self.lr_scheduler.load_state_dict(read_state_file(os.path.join(checkpoint, SCHEDULER_FILE), "scheduler"))
 
@@ -769,6 +765,7 @@ def _trainer_class():
             best = self.state.best_model_checkpoint
             refuse_pickles(best)
             load_module_state(os.path.join(best, MODEL_FILE), self.accelerator.unwrap_model(self.model))
+            self._tensorlist_best = True
 
     TensorListTrainer.__module__ = __name__
     return TensorListTrainer

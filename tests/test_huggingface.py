@@ -5,6 +5,7 @@ handful of steps, one torch thread. The Trainer runs are marked slow (importing
 transformers and running its loop takes seconds).
 """
 import json
+import math
 import os
 import pickle
 
@@ -288,17 +289,70 @@ def test_accelerate_record_from_a_recorder(tmp_path):
     assert (record["epochs"], record["seed"], record["weights"]["kind"]) == ({"asked": 2, "done": 1}, 0, "checkpoint")
 
 
+def _automatic(tmp_path, total_limit=None):
+    from accelerate import Accelerator
+    from accelerate.utils import ProjectConfiguration
+
+    config = ProjectConfiguration(project_dir=os.fspath(tmp_path), automatic_checkpoint_naming=True,
+                                  total_limit=total_limit)
+    acc = Accelerator(cpu=True, project_config=config)
+    counter = Counter()
+    acc.register_for_checkpointing(counter)
+    acc.prepare(torch.nn.Linear(2, 2))
+    return acc, counter
+
+
+def test_accelerate_automatic_save_that_fails_keeps_every_earlier_checkpoint(tmp_path):
+    acc, counter = _automatic(tmp_path, total_limit=2)
+    hf.save_state(acc)
+    hf.save_state(acc)
+    counter.seen = torch.zeros(1)  # a tensor in a custom state: refused (TypeError) midway through the save
+    with pytest.raises(TypeError):
+        hf.save_state(acc)
+    # nothing pruned, the failed save's directory gone, the iteration where it was
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["checkpoint_0", "checkpoint_1"]
+    assert acc.project_configuration.iteration == 2
+    counter.seen = 5
+    assert hf.save_state(acc) == os.fspath(tmp_path / "checkpoints" / "checkpoint_2")
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["checkpoint_1", "checkpoint_2"]
+    counter.seen = 0
+    hf.load_state(acc)
+    assert counter.seen == 5
+
+
+def test_accelerate_load_without_a_directory_passes_over_a_save_cut_short(tmp_path):
+    acc, counter = _automatic(tmp_path)
+    counter.seen = 1
+    hf.save_state(acc)
+    (tmp_path / "checkpoints" / "checkpoint_1").mkdir()  # a save killed before its manifest
+    (tmp_path / "checkpoints" / "notes.txt").write_text("not a checkpoint")
+    counter.seen = 0
+    hf.load_state(acc)
+    assert counter.seen == 1
+    with pytest.raises(ValueError, match="already exists"):
+        hf.save_state(acc)  # iteration 1: its directory is there
+
+
+def test_accelerate_without_a_directory_or_automatic_naming_is_refused(tmp_path):
+    acc, _ = _accelerate_run()[:2]
+    with pytest.raises(ValueError, match="automatic checkpoint naming is disabled"):
+        hf.save_state(acc)
+    with pytest.raises(ValueError, match="automatic checkpoint naming is disabled"):
+        hf.load_state(acc)
+    assert acc.project_configuration.iteration == 0
+
+
 # --------------------------------------------------------------------------
 # transformers' Trainer
 
 
-def _trainer(out, *, steps=8, save_steps=3, cls=None, **kwargs):
+def _trainer(out, *, steps=8, save_steps=3, cls=None, training_args=None, **kwargs):
     transformers = pytest.importorskip("transformers", reason="the Trainer tests need transformers")
     model = tiny_gpt2()
     args = transformers.TrainingArguments(
         output_dir=os.fspath(out), max_steps=steps, per_device_train_batch_size=4, save_steps=save_steps,
         logging_steps=1, report_to=[], use_cpu=True, seed=0, disable_tqdm=True, learning_rate=1e-2,
-        dataloader_num_workers=0)
+        dataloader_num_workers=0, **(training_args or {}))
     cls = cls or hf.TensorListTrainer
     return cls(model=model, args=args, train_dataset=Tokens(), **kwargs)
 
@@ -359,6 +413,40 @@ def test_trainer_model_file_carries_the_training_record(tmp_path, capsys):
     assert final["epochs"]["done"] == 2 and len(final["history"]["training_loss"]) == 2
     assert cli_main(["record", os.fspath(tmp_path / "final" / "model.json")]) == 0
     assert "TensorListTrainer" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("strategy", ["epoch", "steps"])
+def test_trainer_record_carries_each_epochs_evaluation(tmp_path, strategy):
+    """An evaluating run's model files: a validation section and each epoch's last eval_loss; the final save
+    after load_best_model_at_end holds best_validation weights."""
+    trainer = _trainer(tmp_path / "run", steps=-1, save_steps=3, eval_dataset=Tokens(8),
+                       eval_dataset_params={"name": "tokens", "split": "eval"},
+                       training_args=dict(num_train_epochs=2, eval_strategy=strategy, eval_steps=3,
+                                          save_strategy=strategy, load_best_model_at_end=True))
+    trainer.train()
+    evals = [e for e in trainer.state.log_history if "eval_loss" in e]
+    last_of_epoch = {}
+    for e in evals:
+        last_of_epoch[max(1, math.ceil(e["epoch"] - 1e-9))] = e["eval_loss"]
+    for name in sorted(os.listdir(tmp_path / "run")):
+        record = verify_model_file(tmp_path / "run" / name / "model.json")
+        done = record["epochs"]["done"]
+        assert record["validation"]["dataset_params"] == {"name": "tokens", "split": "eval"}
+        assert record["validation"]["loader"]["batch_size"] == 8 and record["validation"]["every"] == 1
+        assert record["solver"]["solver_params"]["validation_metric"] == "eval_loss"
+        step = int(name.split("-")[1])
+        seen = {}
+        for e in evals:
+            if e["step"] <= step and math.ceil(e["epoch"] - 1e-9) <= done:
+                seen[max(1, math.ceil(e["epoch"] - 1e-9))] = e["eval_loss"]
+        assert record["history"]["validation"] == [seen.get(i) for i in range(1, done + 1)]
+    trainer.save_model(os.fspath(tmp_path / "final"))
+    final = verify_model_file(tmp_path / "final" / "model.json")
+    assert final["history"]["validation"] == [last_of_epoch[1], last_of_epoch[2]]
+    best = [e for e in evals if e["step"] == trainer.state.best_global_step][0]
+    assert final["weights"]["kind"] == "best_validation"
+    assert final["weights"]["validation"] == trainer.state.best_metric == best["eval_loss"]
+    assert final["weights"]["epoch"] == max(1, math.ceil(best["epoch"] - 1e-9))
 
 
 @pytest.mark.slow
