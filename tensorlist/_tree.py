@@ -31,11 +31,11 @@ the file, the JSON pointer of the node, and its path in the tree.
 from __future__ import annotations
 
 import collections
-import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ._jsonio import MAX_DEPTH
+from ._loaded import class_mro, loaded_object, static_attr
 from .errors import FormatError, short_repr
 
 __all__ = ["JAX_TREE_FORMAT", "ADAPTER_KINDS", "MAX_TREE_DEPTH", "ROOT_NAME", "NodeType", "register", "unregister", "encode", "check",
@@ -91,8 +91,7 @@ class NodeType:
 
     def type(self):
         """The registered class, or None while its module is not imported (it never is by the codec)."""
-        mod = sys.modules.get(self.module)
-        return _lookup(mod, self.qualname) if mod is not None else None
+        return loaded_object(self.module, self.qualname)
 
 
 _REGISTRY: Dict[str, NodeType] = {}
@@ -115,15 +114,6 @@ def register(node_type: NodeType) -> None:
 def unregister(kind: str) -> None:
     """Forgets a registered kind (a no-op for one never registered)."""
     _REGISTRY.pop(kind, None)
-
-
-def _lookup(root, qualname: str):
-    obj = root
-    for part in qualname.split("."):
-        obj = getattr(obj, part, None)
-        if obj is None:
-            return None
-    return obj
 
 
 def _path_text(tokens: Sequence[Any]) -> str:
@@ -293,7 +283,7 @@ def check(spec: Any, names: Iterable[str], *, file: Optional[str] = None, field:
                          + (f"; missing {missing}" if missing else "") + (f"; unexpected {extra}" if extra else ""))
         if kind == "leaf":
             name = node["name"]
-            if name not in remaining or not isinstance(name, str):
+            if not isinstance(name, str) or name not in remaining:
                 raise _leaf_error(name, leaves, stored, file, where)
             del remaining[name]
             leaves.append(name)
@@ -383,22 +373,23 @@ _DYNAMIC: Dict[Tuple[str, Tuple[str, ...]], type] = {}
 def _namedtuple_class(type_name: Any, fields: List[str], file, where) -> type:
     """The namedtuple class ``type_name`` ("module:qualname") if its module is imported, else one made alike.
 
-    The file's module is never imported: a class whose module the program has
-    not imported comes back as ``collections.namedtuple`` of the same name and
-    fields.
+    The name is resolved only among what the program has imported
+    (``_loaded.loaded_object``): the file's module is never imported, nor is a
+    lazy attribute (``numpy:f2py.X``); a class not found so comes back as
+    ``collections.namedtuple`` of the same name and fields.
     """
     if not isinstance(type_name, str) or type_name.count(":") != 1:
         raise _error(file, where, f"a namedtuple's 'type' must be 'module:qualname', not "
                      f"{short_repr(type_name)}", "/type")
     module, qualname = type_name.split(":")
-    mod = sys.modules.get(module)
-    cls = _lookup(mod, qualname) if mod is not None and qualname else None
+    cls = loaded_object(module, qualname)  # never an import, never a lazy __getattr__ (_loaded)
     if cls is not None:
-        if not (isinstance(cls, type) and issubclass(cls, tuple) and hasattr(cls, "_fields")):
-            raise _error(file, where, f"{type_name} is not a namedtuple class", "/type")
-        if list(cls._fields) != fields:
-            raise _error(file, where, f"namedtuple {type_name} has the fields {list(cls._fields)}, the file "
-                         f"{fields}", "/fields")
+        known = static_attr(cls, "_fields") if tuple in class_mro(cls) else None
+        if not isinstance(known, tuple):
+            raise _error(file, where, f"{short_repr(type_name)} is not a namedtuple class", "/type")
+        if list(known) != fields:
+            raise _error(file, where, f"namedtuple {short_repr(type_name)} has the fields {short_repr(list(known))}, "
+                         f"the file {short_repr(fields)}", "/fields")
         return cls
     key = (type_name, tuple(fields))
     if key not in _DYNAMIC:

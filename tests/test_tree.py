@@ -142,7 +142,7 @@ def test_check_extra_tensor_names_it():
 def test_check_namedtuple_fields_must_match_the_class():
     spec, _ = _tree.encode(Point(None, None))
     spec["fields"] = ["y", "x"]
-    with pytest.raises(FormatError, match=r"namedtuple test_tree:Point has the fields \['x', 'y'\], the file "):
+    with pytest.raises(FormatError, match=r"namedtuple 'test_tree:Point' has the fields \['x', 'y'\], the file "):
         _tree.check(spec, [])
 
 
