@@ -25,8 +25,14 @@ read; every walk here is iterative, never recursive.
 :func:`check` validates a spec against the names of the tensors it is stored
 with, in one pass and before anything is built: every node of a known kind,
 keys of the right types and unique, every tensor referenced exactly once, a
-namedtuple's fields those of the class. Each failure is a FormatError naming
-the file, the JSON pointer of the node, and its path in the tree.
+namedtuple's fields those of the class. Every field is type-checked before it
+is used (a list where a name belongs is refused, not hashed). Each failure is
+a FormatError naming the file, the JSON pointer of the node, and its path in
+the tree. Every reader of a spec goes through it: ``tensorlist.jax.load``,
+``schema.validate``, the Orbax handler and the command line.
+
+A namedtuple's ``type`` is resolved by ``_loaded.loaded_object`` only: a file
+never causes an import (docs/SECURITY.md, "No import caused by a file").
 """
 from __future__ import annotations
 

@@ -24,7 +24,10 @@ A tree holding arrays sharded over several processes is saved with
 ``sharded=True`` as a checkpoint directory (``_jax_shards``, tensorlist's DCP
 layout); ``load`` of a directory reads it back onto any target sharding.
 
-Imports ``_jax_bridge`` (the one jax <-> numpy conversion), ``_tree``,
+A ``flax.FrozenDict`` node comes back as a ``FrozenDict`` when the program
+has imported flax, else as a dict: a file never causes an import.
+
+Imports ``_jax_bridge`` (the one jax <-> numpy conversion), ``_tree``, ``_loaded``,
 ``reader``, ``writer`` and ``_jax_shards`` (checkpoint directories).
 """
 from __future__ import annotations
