@@ -45,7 +45,7 @@ from ._loaded import class_mro, loaded_object, static_attr
 from .errors import FormatError, short_repr
 
 __all__ = ["JAX_TREE_FORMAT", "ADAPTER_KINDS", "MAX_TREE_DEPTH", "ROOT_NAME", "NodeType", "register", "unregister", "encode", "check",
-           "build", "decode", "render", "node_of", "make_header", "tree_header", "Plan"]
+           "build", "decode", "render", "node_of", "make_header", "tree_header", "Plan", "MAX_REBUILT_FIELDS"]
 
 #: The ``format`` of the metadata a tree file carries:
 #: ``{"format": JAX_TREE_FORMAT, "tree": <spec>, "metadata": <user metadata>}``.
@@ -373,6 +373,14 @@ def _check_keys(node: Dict[str, Any], kind: str, count: int, file, where) -> Lis
     return keys
 
 
+#: The most fields of a namedtuple the codec makes itself (its class not imported): making one costs
+#: superlinear time in its fields (about 1.5 s for 10**5, 10 s for 3 * 10**5), and a small file can ask for
+#: many fields (``{"kind": "none"}`` children need no tensor).
+MAX_REBUILT_FIELDS = 4096
+
+#: How many such classes are kept for reuse (hostile files naming a new type each must not grow it forever).
+_DYNAMIC_CACHE = 256
+
 _DYNAMIC: Dict[Tuple[str, Tuple[str, ...]], type] = {}
 
 
@@ -397,8 +405,13 @@ def _namedtuple_class(type_name: Any, fields: List[str], file, where) -> type:
             raise _error(file, where, f"namedtuple {short_repr(type_name)} has the fields {short_repr(list(known))}, "
                          f"the file {short_repr(fields)}", "/fields")
         return cls
+    if len(fields) > MAX_REBUILT_FIELDS:
+        raise _error(file, where, f"namedtuple {short_repr(type_name)} has {len(fields)} fields, and its class is "
+                     f"not imported: tensorlist rebuilds one of at most {MAX_REBUILT_FIELDS}", "/fields")
     key = (type_name, tuple(fields))
     if key not in _DYNAMIC:
+        if len(_DYNAMIC) >= _DYNAMIC_CACHE:
+            _DYNAMIC.clear()
         simple = qualname.rsplit(".", 1)[-1] or "namedtuple"
         try:
             _DYNAMIC[key] = collections.namedtuple(simple, fields)

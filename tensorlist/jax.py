@@ -155,8 +155,9 @@ def load(path, *, sharding: Any = None, device: Any = None, mmap: bool = True, v
             with the file: naming the file and the path in the tree; nothing
             is put on a device before the whole spec and every target are checked.
         TypeError: a leaf jax cannot hold (64-bit without x64 and without
-            ``downcast``), naming it.
-        ValueError: a ``sharding`` tree that does not match the saved tree
+            ``downcast``), naming it; ``device`` that is not a ``jax.Device``.
+        ValueError: both ``sharding`` and ``device``; reader limits given for
+            a directory; a ``sharding`` tree that does not match the saved tree
             (a node or leaf of another kind, other keys or length, a leaf target
             of another type), naming the file and the path in the tree.
 

@@ -39,7 +39,8 @@ from tensorlist._jsonio import resolve_pointer, set_at_pointer, walk  # noqa: E4
 from tensorlist.cli import main  # noqa: E402
 from tensorlist.dcp.layout import METADATA_NAME  # noqa: E402
 from tensorlist.errors import FormatError  # noqa: E402
-from tensorlist.orbax import SHARDED_DIR, TREE_FILE, TensorListCheckpointHandler, TensorListSave  # noqa: E402
+from tensorlist.orbax import (  # noqa: E402
+    SHARDED_DIR, TREE_FILE, TensorListCheckpointHandler, TensorListRestore, TensorListSave)
 
 Pair = collections.namedtuple("Pair", ["mu", "nu"])
 
@@ -298,3 +299,16 @@ def test_no_entry_point_imports_a_module_a_file_names(saved, tmp_path):
                 f"{where}: {got}"
         else:
             assert got == want, f"{where}: {got}"
+
+
+def test_a_restore_target_that_does_not_match_is_the_documented_value_error(saved, tmp_path):
+    item, _ = saved
+    with ocp.Checkpointer(TensorListCheckpointHandler()) as ckptr:
+        for target, match in [({"w": None}, r"sharding tree at \(root\): keys \['w'\] do not match"),
+                              ({**{k: None for k in ("w", "p", "o", "i")}, "l": [None, {"x": None}]},
+                               r"sharding tree at l/1: the file holds a tuple of 0, the sharding tree a dict of 1"),
+                              ({**{k: None for k in ("p", "l", "o", "i")}, "w": [None]},
+                               r"sharding tree at w: the file holds a leaf here; .* not a list")]:
+            with pytest.raises(ValueError, match=rf"{TREE_FILE}: {match}") as e:
+                ckptr.restore(item, args=TensorListRestore(item=target))
+            assert not isinstance(e.value, FormatError)  # the caller's tree, not the file, is at fault
