@@ -19,13 +19,14 @@ naming the dtype and the version that has it; everything else works.
 """
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 from typing import Dict, Optional
 
 import numpy as np
 
-from .errors import UnsupportedDTypeError
+from .errors import FormatError, UnsupportedDTypeError
 
 __all__ = [
     "NATIVE_LITTLE",
@@ -256,7 +257,7 @@ def from_numpy(dtype) -> DType:
     return row
 
 
-def check_held(path, arrays, why_not) -> None:
+def check_held(path, arrays, why_not, max_dim: Optional[int] = None, framework: str = "") -> None:
     """Refuses, before anything is converted, the first array a framework cannot hold.
 
     Args:
@@ -264,9 +265,13 @@ def check_held(path, arrays, why_not) -> None:
         arrays: name -> numpy array (a load's result).
         why_not: a framework bridge's ``refusal``: dtype name -> reason, or None
             when the framework holds that dtype.
+        max_dim: the largest dimension the framework's shapes hold (MLX's are
+            32-bit), None for no bound beyond the format's; ``framework`` names it.
 
     Raises:
         UnsupportedDTypeError: naming the file, the tensor (index and name) and the dtype.
+        FormatError: a dimension past ``max_dim`` (an empty tensor may have
+            any), naming the file, the tensor and the field ``dims``.
 
     Example:
         >>> check_held("m.tl", {"w": np.zeros(2, np.complex128)}, lambda n: "no complex128" if n == "complex128"
@@ -279,3 +284,7 @@ def check_held(path, arrays, why_not) -> None:
         why = why_not(name)
         if why is not None:
             raise UnsupportedDTypeError(f"{path}: tensor {i} ({k!r}) has dtype {name}: {why}", dtype=name)
+        if max_dim is not None and any(d > max_dim for d in a.shape):
+            raise FormatError(f"dims {list(a.shape)}: {framework} holds dimensions up to {max_dim} only (read the "
+                              "file with tensorlist.load)", file=os.fspath(path), tensor_index=i, tensor_name=k,
+                              field="dims")

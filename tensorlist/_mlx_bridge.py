@@ -10,6 +10,9 @@ What MLX 0.32 does with numpy arrays, measured, and what follows here:
   has no type for, is refused rather than rounded.
 - float8 arrays make ``mx.array`` raise ``RuntimeError: std::bad_cast``, naming
   nothing: every float8 row is refused here first, naming the tensor.
+- shapes are 32-bit: a dimension past ``MAX_DIM`` (even of an empty array)
+  makes ``mx.array`` raise a bare ``OverflowError``: refused first, naming
+  the file and the tensor.
 - bfloat16 crosses as its ``uint16`` bits (``.view(mx.bfloat16)``), which needs
   neither MLX's nor numpy's knowledge of the other's bfloat16.
 - ``np.array(x, copy=False)`` of an evaluated ``mx.array`` shares MLX's buffer
@@ -25,7 +28,7 @@ import numpy as np
 
 from . import _dtypes
 
-__all__ = ["is_array", "refusal", "to_numpy", "from_numpy", "mlx_dtype", "state_to_numpy", "HELD"]
+__all__ = ["is_array", "refusal", "to_numpy", "from_numpy", "mlx_dtype", "state_to_numpy", "HELD", "MAX_DIM"]
 
 #: tensorlist dtype name -> MLX dtype, for every row of the table MLX can hold.
 HELD: Dict[str, "mx.Dtype"] = {
@@ -35,6 +38,10 @@ HELD: Dict[str, "mx.Dtype"] = {
     "bool": mx.bool_,
 }
 _BY_MLX = {v: k for k, v in HELD.items()}
+
+#: The largest dimension an MLX shape holds: MLX's shapes are 32-bit (``mx.array`` raises a bare
+#: OverflowError past it, even for an empty array).
+MAX_DIM = 2 ** 31 - 1
 
 
 def is_array(value) -> bool:

@@ -25,21 +25,27 @@ read; every walk here is iterative, never recursive.
 :func:`check` validates a spec against the names of the tensors it is stored
 with, in one pass and before anything is built: every node of a known kind,
 keys of the right types and unique, every tensor referenced exactly once, a
-namedtuple's fields those of the class. Each failure is a FormatError naming
-the file, the JSON pointer of the node, and its path in the tree.
+namedtuple's fields those of the class. Every field is type-checked before it
+is used (a list where a name belongs is refused, not hashed). Each failure is
+a FormatError naming the file, the JSON pointer of the node, and its path in
+the tree. Every reader of a spec goes through it: ``tensorlist.jax.load``,
+``schema.validate``, the Orbax handler and the command line.
+
+A namedtuple's ``type`` is resolved by ``_loaded.loaded_object`` only: a file
+never causes an import (docs/SECURITY.md, "No import caused by a file").
 """
 from __future__ import annotations
 
 import collections
-import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ._jsonio import MAX_DEPTH
+from ._loaded import class_mro, loaded_object, static_attr
 from .errors import FormatError, short_repr
 
 __all__ = ["JAX_TREE_FORMAT", "ADAPTER_KINDS", "MAX_TREE_DEPTH", "ROOT_NAME", "NodeType", "register", "unregister", "encode", "check",
-           "build", "decode", "render", "node_of", "make_header", "tree_header", "Plan"]
+           "build", "decode", "render", "node_of", "make_header", "tree_header", "Plan", "MAX_REBUILT_FIELDS"]
 
 #: The ``format`` of the metadata a tree file carries:
 #: ``{"format": JAX_TREE_FORMAT, "tree": <spec>, "metadata": <user metadata>}``.
@@ -91,8 +97,7 @@ class NodeType:
 
     def type(self):
         """The registered class, or None while its module is not imported (it never is by the codec)."""
-        mod = sys.modules.get(self.module)
-        return _lookup(mod, self.qualname) if mod is not None else None
+        return loaded_object(self.module, self.qualname)
 
 
 _REGISTRY: Dict[str, NodeType] = {}
@@ -115,15 +120,6 @@ def register(node_type: NodeType) -> None:
 def unregister(kind: str) -> None:
     """Forgets a registered kind (a no-op for one never registered)."""
     _REGISTRY.pop(kind, None)
-
-
-def _lookup(root, qualname: str):
-    obj = root
-    for part in qualname.split("."):
-        obj = getattr(obj, part, None)
-        if obj is None:
-            return None
-    return obj
 
 
 def _path_text(tokens: Sequence[Any]) -> str:
@@ -293,7 +289,7 @@ def check(spec: Any, names: Iterable[str], *, file: Optional[str] = None, field:
                          + (f"; missing {missing}" if missing else "") + (f"; unexpected {extra}" if extra else ""))
         if kind == "leaf":
             name = node["name"]
-            if name not in remaining or not isinstance(name, str):
+            if not isinstance(name, str) or name not in remaining:
                 raise _leaf_error(name, leaves, stored, file, where)
             del remaining[name]
             leaves.append(name)
@@ -377,31 +373,45 @@ def _check_keys(node: Dict[str, Any], kind: str, count: int, file, where) -> Lis
     return keys
 
 
+#: The most fields of a namedtuple the codec makes itself (its class not imported): making one costs
+#: superlinear time in its fields (about 1.5 s for 10**5, 10 s for 3 * 10**5), and a small file can ask for
+#: many fields (``{"kind": "none"}`` children need no tensor).
+MAX_REBUILT_FIELDS = 4096
+
+#: How many such classes are kept for reuse (hostile files naming a new type each must not grow it forever).
+_DYNAMIC_CACHE = 256
+
 _DYNAMIC: Dict[Tuple[str, Tuple[str, ...]], type] = {}
 
 
 def _namedtuple_class(type_name: Any, fields: List[str], file, where) -> type:
     """The namedtuple class ``type_name`` ("module:qualname") if its module is imported, else one made alike.
 
-    The file's module is never imported: a class whose module the program has
-    not imported comes back as ``collections.namedtuple`` of the same name and
-    fields.
+    The name is resolved only among what the program has imported
+    (``_loaded.loaded_object``): the file's module is never imported, nor is a
+    lazy attribute (``numpy:f2py.X``); a class not found so comes back as
+    ``collections.namedtuple`` of the same name and fields.
     """
     if not isinstance(type_name, str) or type_name.count(":") != 1:
         raise _error(file, where, f"a namedtuple's 'type' must be 'module:qualname', not "
                      f"{short_repr(type_name)}", "/type")
     module, qualname = type_name.split(":")
-    mod = sys.modules.get(module)
-    cls = _lookup(mod, qualname) if mod is not None and qualname else None
+    cls = loaded_object(module, qualname)  # never an import, never a lazy __getattr__ (_loaded)
     if cls is not None:
-        if not (isinstance(cls, type) and issubclass(cls, tuple) and hasattr(cls, "_fields")):
-            raise _error(file, where, f"{type_name} is not a namedtuple class", "/type")
-        if list(cls._fields) != fields:
-            raise _error(file, where, f"namedtuple {type_name} has the fields {list(cls._fields)}, the file "
-                         f"{fields}", "/fields")
+        known = static_attr(cls, "_fields") if tuple in class_mro(cls) else None
+        if not isinstance(known, tuple):
+            raise _error(file, where, f"{short_repr(type_name)} is not a namedtuple class", "/type")
+        if list(known) != fields:
+            raise _error(file, where, f"namedtuple {short_repr(type_name)} has the fields {short_repr(list(known))}, "
+                         f"the file {short_repr(fields)}", "/fields")
         return cls
+    if len(fields) > MAX_REBUILT_FIELDS:
+        raise _error(file, where, f"namedtuple {short_repr(type_name)} has {len(fields)} fields, and its class is "
+                     f"not imported: tensorlist rebuilds one of at most {MAX_REBUILT_FIELDS}", "/fields")
     key = (type_name, tuple(fields))
     if key not in _DYNAMIC:
+        if len(_DYNAMIC) >= _DYNAMIC_CACHE:
+            _DYNAMIC.clear()
         simple = qualname.rsplit(".", 1)[-1] or "namedtuple"
         try:
             _DYNAMIC[key] = collections.namedtuple(simple, fields)

@@ -111,8 +111,12 @@ def _tree_display(metadata, info, path: str):
         return [f"  tree: invalid ({e.reason})"], metadata
     if header is None:
         return [], metadata
-    return [f"  tree ({header['format']}):"] + ["    " + line for line in _tree.render(header["tree"], info)], \
-        header["metadata"]
+    lines = [f"  tree ({header['format']}):"] + ["    " + line for line in _tree.render(header["tree"], info)]
+    try:  # drawn as it is, and checked as every reader checks it
+        _tree.check(header["tree"], info, file=path)
+    except TensorListError as e:
+        lines.append(f"  tree: invalid ({e.reason})")
+    return lines, header["metadata"]
 
 
 def _record_summary(metadata) -> Optional[dict]:

@@ -24,7 +24,10 @@ A tree holding arrays sharded over several processes is saved with
 ``sharded=True`` as a checkpoint directory (``_jax_shards``, tensorlist's DCP
 layout); ``load`` of a directory reads it back onto any target sharding.
 
-Imports ``_jax_bridge`` (the one jax <-> numpy conversion), ``_tree``,
+A ``flax.FrozenDict`` node comes back as a ``FrozenDict`` when the program
+has imported flax, else as a dict: a file never causes an import.
+
+Imports ``_jax_bridge`` (the one jax <-> numpy conversion), ``_tree``, ``_loaded``,
 ``reader``, ``writer`` and ``_jax_shards`` (checkpoint directories).
 """
 from __future__ import annotations
@@ -37,7 +40,8 @@ import numpy as np
 
 from . import _jax_shards, _tree, reader, writer
 from ._jax_bridge import check_dtype, is_array, put, to_numpy
-from .errors import FormatError
+from ._loaded import loaded_object
+from .errors import FormatError, short_repr
 from .format import DEFAULT_ALIGNMENT
 
 __all__ = ["save", "load", "load_nnx", "JAX_TREE_FORMAT", "TREE_FIELD"]
@@ -49,10 +53,10 @@ JAX_TREE_FORMAT = _tree.JAX_TREE_FORMAT
 TREE_FIELD = "/metadata/tree"
 
 
-def _frozen_dict():
-    from flax.core import FrozenDict
-
-    return FrozenDict
+def _unflatten_frozen_dict(keys, children):
+    """A ``FrozenDict`` when the program has imported flax, else a dict: a file never causes an import."""
+    frozen = loaded_object("flax.core.frozen_dict", "FrozenDict")
+    return frozen(zip(keys, children)) if frozen is not None else dict(zip(keys, children))
 
 
 def _pure_dict(state) -> Tuple[List[Any], List[Any]]:
@@ -63,11 +67,10 @@ def _pure_dict(state) -> Tuple[List[Any], List[Any]]:
 
 
 # The flax types are matched only once flax is imported by the program (a tree
-# holding one implies it is), and flax is imported only to rebuild a FrozenDict.
+# holding one implies it is); flax is never imported because of a file.
 _tree.register(_tree.NodeType(
     kind="flax.FrozenDict", module="flax.core.frozen_dict", qualname="FrozenDict", keyed=True,
-    flatten=lambda d: (list(d.keys()), list(d.values())),
-    unflatten=lambda keys, children: _frozen_dict()(zip(keys, children))))
+    flatten=lambda d: (list(d.keys()), list(d.values())), unflatten=_unflatten_frozen_dict))
 _tree.register(_tree.NodeType(
     kind="nnx.State", module="flax.nnx.statelib", qualname="State", keyed=True,
     flatten=_pure_dict, unflatten=lambda keys, children: dict(zip(keys, children))))
@@ -152,8 +155,11 @@ def load(path, *, sharding: Any = None, device: Any = None, mmap: bool = True, v
             with the file: naming the file and the path in the tree; nothing
             is put on a device before the whole spec and every target are checked.
         TypeError: a leaf jax cannot hold (64-bit without x64 and without
-            ``downcast``), naming it.
-        ValueError: a ``sharding`` tree that does not match the saved tree.
+            ``downcast``), naming it; ``device`` that is not a ``jax.Device``.
+        ValueError: both ``sharding`` and ``device``; reader limits given for
+            a directory; a ``sharding`` tree that does not match the saved tree
+            (a node or leaf of another kind, other keys or length, a leaf target
+            of another type), naming the file and the path in the tree.
 
     Example:
         >>> import jax, jax.numpy as jnp, tempfile, os, tensorlist.jax as tlj
@@ -192,11 +198,11 @@ def load(path, *, sharding: Any = None, device: Any = None, mmap: bool = True, v
 
 def _load_dir(path: str, sharding, device, mmap: bool, verify: bool, downcast: bool) -> Any:
     with _jax_shards.open_dir(path, mmap=mmap, verify=verify) as ck:
-        header = _tree.tree_header(ck.header, file=path, field="/tree")
+        header = _tree.tree_header(ck.header, file=ck.metadata_file, field="/tree")
         if header is None:
             raise FormatError("not a tensorlist.jax checkpoint (its metadata has no tree): read it with "
-                              "tensorlist.dcp_read.read_full", file=path, field="/tree")
-        plan = _tree.check(header["tree"], ck.names(), file=path, field="/tree/tree")
+                              "tensorlist.dcp_read.read_full", file=ck.metadata_file, field="/tree")
+        plan = _tree.check(header["tree"], ck.names(), file=ck.metadata_file, field="/tree/tree")
         for n in plan.leaves:
             check_dtype(ck.dtype(n), n, downcast=downcast)
         targets = _targets(header["tree"], sharding, device, {n: (tuple(ck.shape(n)), ck.dtype(n))
@@ -227,20 +233,23 @@ def _targets(spec, sharding, device, stored: Dict[str, Tuple[Tuple[int, ...], np
         if target is None or isinstance(target, jax.sharding.Sharding):  # a prefix: the whole subtree
             stack.extend((c, target, path + (t,)) for t, c in zip(tokens, node["children"]))
             continue
-        found = _tree.node_of(target, where)
+        try:
+            found = _tree.node_of(target, where)
+        except TypeError:  # a container the codec does not store (a dict subclass): not the file's node
+            found = None
         if found is None or found[0] == "none":
-            raise ValueError(f"sharding tree at {where}: the file holds a {kind} here, the sharding tree a "
-                             f"{type(target).__name__}")
+            raise _mismatch(file, where, f"the file holds a {kind} here, the sharding tree a {type(target).__name__}")
         _, keys, children, _ = found
         if "keys" in node:
             if keys is None or sorted(map(repr, keys)) != sorted(map(repr, node["keys"])):
-                raise ValueError(f"sharding tree at {where}: keys {keys!r} do not match the file's {node['keys']!r}")
+                raise _mismatch(file, where, f"keys {short_repr(keys)} do not match the file's "
+                                f"{short_repr(node['keys'])}")
             by_key = {(type(k), k): c for k, c in zip(keys, children)}
             sub = [by_key[(type(k), k)] for k in node["keys"]]
         else:
             if keys is not None or len(children) != len(node["children"]):
-                raise ValueError(f"sharding tree at {where}: the file holds a {kind} of {len(node['children'])}, "
-                                 f"the sharding tree a {type(target).__name__} of {len(children)}")
+                raise _mismatch(file, where, f"the file holds a {kind} of {len(node['children'])}, the sharding "
+                                f"tree a {type(target).__name__} of {len(children)}")
             sub = children
         stack.extend((c, t, path + (k,)) for k, c, t in zip(tokens, node["children"], sub))
     return out
@@ -258,8 +267,13 @@ def _leaf_target(name: str, target, stored: Tuple[Tuple[int, ...], np.dtype], do
                               f"asks for {np.dtype(target.dtype)} {tuple(target.shape)}", file=file,
                               tensor_name=name)
         return target.sharding
-    raise TypeError(f"sharding tree at {where}: a leaf's target is a Sharding, a Device, a ShapeDtypeStruct or "
-                    f"None, not {type(target).__name__}")
+    raise _mismatch(file, where, f"the file holds a leaf here; a leaf's target is a Sharding, a Device, a "
+                    f"ShapeDtypeStruct or None, not a {type(target).__name__}")
+
+
+def _mismatch(file: str, where: str, reason: str) -> ValueError:
+    """The ValueError of a ``sharding`` tree that does not match the saved tree (the caller's, not the file's)."""
+    return ValueError(f"{file}: sharding tree at {where}: {reason}")
 
 
 def load_nnx(path, model, **kwargs) -> Any:

@@ -17,7 +17,7 @@ from typing import Any, Dict, Mapping, Optional
 
 from . import reader, writer
 from ._dtypes import check_held
-from ._mlx_bridge import from_numpy, mlx_dtype, refusal, state_to_numpy, to_numpy
+from ._mlx_bridge import MAX_DIM, from_numpy, mlx_dtype, refusal, state_to_numpy, to_numpy
 from .format import DEFAULT_ALIGNMENT
 
 __all__ = ["save", "load", "to_numpy", "from_numpy", "mlx_dtype"]
@@ -70,9 +70,11 @@ def load(path, *, mmap: bool = True, verify: bool = False, pointer: Optional[str
         UnsupportedDTypeError: a tensor's dtype is one MLX cannot hold
             (complex128, float8), naming the file, the tensor and the dtype;
             nothing is converted then.
-        FormatError: the descriptor or data file breaks the format.
+        FormatError: the descriptor or data file breaks the format, or a
+            tensor has a dimension past ``2**31 - 1`` (MLX's shapes are 32-bit;
+            an empty tensor may have one), naming the file, the tensor and ``dims``.
     """
     arrays = reader.load(path, mmap=mmap, verify=verify, pointer=pointer, **kwargs)
-    check_held(path, arrays, refusal)
+    check_held(path, arrays, refusal, MAX_DIM, "MLX")
     return {k: from_numpy(a, f"tensor {k!r}") for k, a in arrays.items()}
 

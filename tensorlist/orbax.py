@@ -216,6 +216,8 @@ class TensorListCheckpointHandler(ocp.AsyncCheckpointHandler):
             FileNotFoundError: ``directory`` holds no tensorlist item.
             tensorlist.FormatError: the file or its tree does not hold together
                 (naming the file and the path in the tree).
+            ValueError: a target tree that does not match the saved one
+                (naming the file and the path in the tree).
         """
         restore_args = _the_args(args, kwargs, TensorListRestore, "restore", optional=True)
         if restore_args is None:
@@ -228,6 +230,10 @@ class TensorListCheckpointHandler(ocp.AsyncCheckpointHandler):
         Reads the descriptor only (for a sharded ``tree/`` item: its metadata
         and its shards' descriptors). Add shardings to it for a restore target
         (``TensorListRestore(item=...)``).
+
+        Raises:
+            tensorlist.FormatError: the file or its tree does not hold together
+                (naming the file, the JSON pointer and the path in the tree).
         """
         return _abstract(directory)
 

@@ -289,11 +289,17 @@ class TestSharding:
          r"t\.tl: tree at w: the file stores float32 \(4, 8\), the target ShapeDtypeStruct "
          r"asks for float32 \(4, 9\)"),
         ({"w": jax.ShapeDtypeStruct((4, 8), np.int32) if jax else None, "b": None}, FormatError, "asks for int32"),
-        ({"w": None}, ValueError, r"sharding tree at \(root\): keys \['w'\] do not match the file's \['w', 'b'\]"),
-        ({"w": None, "b": (None,)}, ValueError, "sharding tree at b: the file holds a list of 2, the sharding "
-                                                "tree a tuple of 1"),
-        ({"w": None, "b": [None, "x"]}, TypeError, "sharding tree at b/1: a leaf's target is a Sharding"),
-        ([None], ValueError, r"sharding tree at \(root\): keys None do not match"),
+        ({"w": None}, ValueError, r"t\.tl: sharding tree at \(root\): keys \['w'\] do not match the file's "
+                                  r"\['w', 'b'\]"),
+        ({"w": None, "b": (None,)}, ValueError, r"t\.tl: sharding tree at b: the file holds a list of 2, the "
+                                                "sharding tree a tuple of 1"),
+        ({"w": None, "b": [None, "x"]}, ValueError, r"t\.tl: sharding tree at b/1: the file holds a leaf here; a "
+                                                    "leaf's target is a Sharding, .* not a str"),
+        ({"w": {"x": None}, "b": None}, ValueError, r"t\.tl: sharding tree at w: the file holds a leaf here; .* "
+                                                    "not a dict"),
+        ({"w": None, "b": collections.defaultdict(list)}, ValueError, "sharding tree at b: the file holds a list "
+                                                                      "here, the sharding tree a defaultdict"),
+        ([None], ValueError, r"t\.tl: sharding tree at \(root\): keys None do not match"),
     ])
     def test_bad_targets(self, tmp_path, target, error, match):
         import tensorlist.jax as tlj
@@ -339,7 +345,7 @@ class TestBadTreeMetadata:
          "/metadata/tree/keys", r"'keys' must be an array as long as 'children' \(1\)"),
         ("namedtuple fields", {"kind": "namedtuple", "type": f"{__name__}:Pair", "fields": ["second", "first"],
                                "children": [_leaf("w"), {"kind": "none"}]}, _W,
-         "/metadata/tree/fields", r"namedtuple .*Pair has the fields \['first', 'second'\]"),
+         "/metadata/tree/fields", r"namedtuple .*Pair' has the fields \['first', 'second'\]"),
         ("unknown field", {"kind": "leaf", "name": "w", "shape": [2]}, _W,
          "/metadata/tree", r"a 'leaf' node has exactly the fields \['kind', 'name'\]; unexpected \['shape'\]"),
         ("children not a list", {"kind": "tuple", "children": {"0": _leaf("w")}}, _W,

@@ -1,4 +1,6 @@
 """MLX arrays go in and come out bit-exact (bfloat16 included); what MLX cannot hold is refused by name."""
+import json
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -11,7 +13,7 @@ import tensorlist as tl  # noqa: E402
 import tensorlist.mlx as tm  # noqa: E402
 from tensorlist import _dtypes  # noqa: E402
 from tensorlist._mlx_bridge import HELD  # noqa: E402
-from tensorlist.errors import UnsupportedDTypeError  # noqa: E402
+from tensorlist.errors import FormatError, UnsupportedDTypeError  # noqa: E402
 
 REFUSED = {"complex128", "float8_e5m2", "float8_e4m3fn", "float8_e5m2fnuz", "float8_e4m3fnuz", "float8_e8m0fnu"}
 
@@ -68,6 +70,21 @@ def test_load_refuses_what_mlx_cannot_hold_naming_file_tensor_and_dtype(tmp_path
                                                     ) as e:
         tm.load(path)
     assert e.value.dtype == name
+
+
+@pytest.mark.parametrize("dims", [[0, 2 ** 31], [2 ** 31, 0], [0, 2 ** 40, 3]])
+def test_load_refuses_a_dimension_past_mlx_s_32_bit_shapes_naming_file_tensor_and_field(tmp_path, dims):
+    # an empty tensor may have any dimension in the format; MLX's shapes are 32-bit (a bare OverflowError)
+    path = tmp_path / "e.tl"
+    tl.save(path, {"fine": np.ones(2, np.float32), "empty": np.zeros((0, 1), np.float32)})
+    doc = json.loads(path.read_text())
+    doc["tensors"][1]["dims"] = dims
+    path.write_text(json.dumps(doc))
+    assert tl.load(path)["empty"].shape == tuple(dims)  # valid for the format, and for numpy
+    with pytest.raises(FormatError, match=rf"e\.tl: tensor 1 \('empty'\): field 'dims': dims \{dims}: MLX holds "
+                                          r"dimensions up to 2147483647 only") as e:
+        tm.load(path)
+    assert (e.value.file, e.value.tensor_name, e.value.field) == (str(path), "empty", "dims")
 
 
 @pytest.mark.parametrize("name", sorted(REFUSED))

@@ -142,7 +142,7 @@ def test_check_extra_tensor_names_it():
 def test_check_namedtuple_fields_must_match_the_class():
     spec, _ = _tree.encode(Point(None, None))
     spec["fields"] = ["y", "x"]
-    with pytest.raises(FormatError, match=r"namedtuple test_tree:Point has the fields \['x', 'y'\], the file "):
+    with pytest.raises(FormatError, match=r"namedtuple 'test_tree:Point' has the fields \['x', 'y'\], the file "):
         _tree.check(spec, [])
 
 
@@ -183,3 +183,18 @@ def test_render_shows_kinds_keys_and_info():
         "    └── [0]: 3/0",
     ]
     assert _tree.render({"kind": 7, "children": 1}) == ["? {'kind': 7, 'children': 1}"]
+
+
+def test_a_namedtuple_the_codec_rebuilds_has_bounded_fields_and_classes():
+    # making a namedtuple class costs superlinear time in its fields; "none" children need no tensor
+    n = _tree.MAX_REBUILT_FIELDS + 1
+    spec = {"kind": "namedtuple", "type": "not_imported_here:Wide", "fields": [f"f{i}" for i in range(n)],
+            "children": [{"kind": "none"}] * n}
+    with pytest.raises(FormatError, match=rf"m\.tl: field '/fields': tree at \(root\): namedtuple "
+                                          rf"'not_imported_here:Wide' has {n} fields, and its class is not imported"):
+        _tree.check(spec, [], file="m.tl")
+    for i in range(2 * _tree._DYNAMIC_CACHE):  # hostile files naming a new type each
+        back = _tree.decode({"kind": "namedtuple", "type": f"not_imported_here:T{i}", "fields": ["a"],
+                             "children": [{"kind": "none"}]}, {})
+        assert type(back).__name__ == f"T{i}" and back.a is None
+    assert len(_tree._DYNAMIC) <= _tree._DYNAMIC_CACHE

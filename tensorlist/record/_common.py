@@ -21,6 +21,7 @@ from typing import Any, List, Optional, Tuple
 # The package's one nesting limit (the C scanner's): the record's walks over
 # user values (specs, history entries, copies) stop there, as check_json does.
 from .._jsonio import MAX_DEPTH
+from .._loaded import loaded_object
 from ..errors import FormatError
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -124,15 +125,10 @@ def torch_to_numpy(tensor, where: str):
 
 
 def _lookup(module: Optional[str], qualname: Optional[str]):
-    """The object ``module.qualname`` among the loaded modules, or None."""
-    if not module or not qualname or "<" in qualname:
+    """The object ``module.qualname`` among the loaded modules, or None (``_loaded``: nothing imported)."""
+    if not qualname or "<" in qualname:
         return None
-    obj = sys.modules.get(module)
-    for part in qualname.split("."):
-        if obj is None:
-            return None
-        obj = getattr(obj, part, None)
-    return obj
+    return loaded_object(module, qualname)
 
 
 def name_of(obj) -> Tuple[str, bool]:
