@@ -52,7 +52,7 @@ MAX_DEPTH = 256
 
 
 #: A JSON string. Used on text json.loads accepted: its quotes pair up, so the match is exact and linear.
-_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
 #: What may be a number literal that rounds to +/-Infinity: an exponent of +100 or more ending where a
 #: number ends, or 200 digits in a row (anything else is below 10**200 * 10**99). A text without one is
 #: parsed without calling ``_finite_float`` for each float. A hex digest's "5e123" is followed by a hex
@@ -66,12 +66,13 @@ def _maybe_huge(raw: bytes, text: str) -> bool:
     return any(r.search(text) for r in _EXPONENTS) or b"0" * 200 in raw.translate(_DIGITS_ONLY)
 
 
-_BRACKET_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
+_NOT_BRACKETS = bytes(i for i in range(256) if i not in b"[]{}")
+_BRACKET_STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
 
 
-def _depth(outside: str) -> int:
-    """The deepest nesting of a JSON text whose strings were emptied (one pass over its brackets)."""
-    brackets = re.sub(r"[^\[\]{}]+", "", outside)
+def _depth(raw: bytes) -> int:
+    """The deepest nesting of a JSON text json.loads accepted (one pass over its brackets outside strings)."""
+    brackets = _STRING.sub(b'""', raw).translate(None, _NOT_BRACKETS)
     return max(itertools.accumulate(map(_BRACKET_STEP.__getitem__, brackets)), default=0)
 
 
@@ -110,7 +111,7 @@ def loads_strict(text, *, file=None, depth_checked: bool = False) -> Any:
         raise FormatError(f"invalid JSON: {e}", file=file) from e
     # a document with fewer brackets than the limit cannot nest deeper: skip the count
     if not depth_checked and text.count("[") + text.count("{") > MAX_DEPTH \
-            and _depth(_STRING.sub('""', text)) > MAX_DEPTH:
+            and _depth(raw) > MAX_DEPTH:
         raise FormatError(f"invalid JSON: nesting deeper than {MAX_DEPTH} levels", file=file)
     return doc
 
