@@ -6,6 +6,7 @@ both are rejected here. Everything written is strict JSON.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -50,18 +51,29 @@ def _finite_float(text):
 MAX_DEPTH = 256
 
 
-def _too_deep(doc: Any) -> bool:
-    """Whether ``doc`` nests deeper than MAX_DEPTH (iterative, stops early)."""
-    stack = [(doc, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if depth > MAX_DEPTH:
-            return True
-        if isinstance(node, dict):
-            stack.extend((v, depth + 1) for v in node.values() if isinstance(v, (dict, list)))
-        elif isinstance(node, list):
-            stack.extend((v, depth + 1) for v in node if isinstance(v, (dict, list)))
-    return False
+#: A JSON string. Used on text json.loads accepted: its quotes pair up, so the match is exact and linear.
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+#: What may be a number literal that rounds to +/-Infinity: an exponent of +100 or more ending where a
+#: number ends, or 200 digits in a row (anything else is below 10**200 * 10**99). A text without one is
+#: parsed without calling ``_finite_float`` for each float. A hex digest's "5e123" is followed by a hex
+#: digit or a quote, so it does not count; each pattern starts with a literal, which ``re`` finds fast.
+_EXPONENTS = tuple(re.compile(e + r"\+?0*[1-9][0-9]{2,}(?![0-9a-zA-Z\"])") for e in "eE")
+_DIGITS_ONLY = bytes(0x30 if 0x30 <= i <= 0x39 else 0x20 for i in range(256))
+
+
+def _maybe_huge(raw: bytes, text: str) -> bool:
+    """Whether the JSON text may hold a float literal out of the float64 range (see ``_EXPONENTS``)."""
+    return any(r.search(text) for r in _EXPONENTS) or b"0" * 200 in raw.translate(_DIGITS_ONLY)
+
+
+_NOT_BRACKETS = bytes(i for i in range(256) if i not in b"[]{}")
+_BRACKET_STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
+
+
+def _depth(raw: bytes) -> int:
+    """The deepest nesting of a JSON text json.loads accepted (one pass over its brackets outside strings)."""
+    brackets = _STRING.sub(b'""', raw).translate(None, _NOT_BRACKETS)
+    return max(itertools.accumulate(map(_BRACKET_STEP.__getitem__, brackets)), default=0)
 
 
 def loads_strict(text, *, file=None, depth_checked: bool = False) -> Any:
@@ -73,16 +85,21 @@ def loads_strict(text, *, file=None, depth_checked: bool = False) -> Any:
         FormatError: naming ``file`` and where the text breaks the rules.
     """
     if isinstance(text, (bytes, bytearray, memoryview)):
+        raw = bytes(text)
         try:
-            text = bytes(text).decode("utf-8")
+            text = raw.decode("utf-8")
         except UnicodeDecodeError as e:
             raise FormatError(f"descriptor is not UTF-8 ({e.reason} at byte {e.start})", file=file) from e
+    else:
+        raw = text.encode("utf-8", "surrogatepass")
+    # the per-float check only where a float may be out of range (a million-epoch record: ~2x faster)
+    hooks = {"parse_float": _finite_float} if _maybe_huge(raw, text) else {}
     try:
         doc = json.loads(
             text,
             object_pairs_hook=_pairs_no_duplicates,
             parse_constant=_reject_constant,
-            parse_float=_finite_float,
+            **hooks,
         )
     except _StrictError as e:
         raise FormatError(f"invalid JSON: {e}", file=file) from e
@@ -92,8 +109,9 @@ def loads_strict(text, *, file=None, depth_checked: bool = False) -> Any:
         raise FormatError(f"invalid JSON: nesting deeper than {MAX_DEPTH} levels", file=file) from e
     except ValueError as e:  # e.g. an integer literal above Python's int-conversion digit limit
         raise FormatError(f"invalid JSON: {e}", file=file) from e
-    # a document with fewer brackets than the limit cannot nest deeper: skip the walk
-    if not depth_checked and text.count("[") + text.count("{") > MAX_DEPTH and _too_deep(doc):
+    # a document with fewer brackets than the limit cannot nest deeper: skip the count
+    if not depth_checked and text.count("[") + text.count("{") > MAX_DEPTH \
+            and _depth(raw) > MAX_DEPTH:
         raise FormatError(f"invalid JSON: nesting deeper than {MAX_DEPTH} levels", file=file)
     return doc
 

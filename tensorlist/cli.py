@@ -9,6 +9,7 @@ import stat
 import sys
 import tempfile
 import time
+import warnings
 from typing import List, Optional
 
 import numpy as np
@@ -129,6 +130,11 @@ def _record_summary(metadata) -> Optional[dict]:
         rec = read_training_record({"training": metadata["training"]})
     except (TensorListError, ValueError, TypeError) as e:
         return {"invalid": str(e)}
+    return _summary_of(rec)
+
+
+def _summary_of(rec) -> dict:
+    """The summary lines of a validated record."""
     hist = rec["history"]
     vals = [v for v in hist["validation"] if v is not None]
     losses = [v for v in hist["training_loss"] if v is not None]
@@ -460,7 +466,7 @@ def cmd_record(args) -> int:
     if args.json:
         print(json.dumps(rec, indent=2))
     else:
-        for k, v in (_record_summary({"training": rec}) or {}).items():
+        for k, v in _summary_of(rec).items():  # validated once, by _record_source
             print(f"{k}: {v}")
         hist = rec["history"]
         print(f"{'epoch':>5}  {'training loss':>14}  {'validation':>12}  learning rate")
@@ -471,34 +477,57 @@ def cmd_record(args) -> int:
             lr_text = ", ".join(fmt(x) for x in lr) if isinstance(lr, list) else fmt(lr)
             print(f"{i + 1:>5}  {fmt(loss):>14}  {fmt(val):>12}  {lr_text}")
     if args.plot:
-        _plot(plt, rec, args.plot, args.file)
-        print(f"learning curves written to {args.plot}", file=sys.stderr)
+        note = _plot(plt, rec, args.plot, args.file)
+        print(f"learning curves written to {args.plot}" + (f" ({note})" if note else ""), file=sys.stderr)
     return 0
 
 
-def _plot(plt, rec, out: str, title: str) -> None:
+#: Parameter groups `record --plot` draws as lines of their own; with more, the first ones are drawn and
+#: the rest shown as the band between the smallest and largest rate of all groups (20,000 lines and their
+#: legend took Agg minutes; the band is one vectorized polygon).
+PLOT_GROUPS = 10
+#: Epochs up to which each value gets a marker (beyond it, markers would hide the curve and cost time).
+PLOT_MARKERS = 200
+
+
+def _plot(plt, rec, out: str, title: str) -> Optional[str]:
+    """Draws a validated record's learning curves into ``out``; returns a note when not every group is drawn."""
     hist = rec["history"]
-    epochs = list(range(1, len(hist["training_loss"]) + 1))
+    n = len(hist["training_loss"])
+    epochs = np.arange(1, n + 1)
+    mark = n <= PLOT_MARKERS
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
-    ax1.plot(epochs, [float("nan") if v is None else v for v in hist["training_loss"]], "o-", label="training loss")
+    ax1.plot(epochs, np.array(hist["training_loss"], dtype=np.float64), "o-" if mark else "-",
+             label="training loss")  # None becomes NaN: a gap
     if any(v is not None for v in hist["validation"]):
-        ax1.plot(epochs, [float("nan") if v is None else v for v in hist["validation"]], "s-", label="validation")
+        ax1.plot(epochs, np.array(hist["validation"], dtype=np.float64), "s-" if mark else "-", label="validation")
     ax1.set_ylabel("loss / validation")
     ax1.legend()
     ax1.set_title(os.path.basename(title))
-    lrs = hist["learning_rate"]
-    groups = max([len(v) for v in lrs if isinstance(v, list)] + [1])
-    for g in range(groups):
-        ys = [float("nan") if v is None else (v[g] if isinstance(v, list) else v) for v in lrs]
-        ys = [float("nan") if y is None else y for y in ys]
-        ax2.plot(epochs, ys, ".-", label=f"group {g}" if groups > 1 else "learning rate")
+    param_groups = rec["optimizer"]["parameter_groups"]
+    groups = 1 if param_groups is None else len(param_groups)
+    # validated: one number or null per epoch, or (several groups) a list of `groups` numbers or null
+    nan_row = [None] * groups
+    rates = np.array([nan_row if v is None else v for v in hist["learning_rate"]] if groups > 1
+                     else hist["learning_rate"], dtype=np.float64).reshape(n, groups)
+    drawn = min(groups, PLOT_GROUPS)
+    note = None
+    if drawn < groups:
+        with warnings.catch_warnings():  # an epoch with no rate at all: a gap in the band
+            warnings.simplefilter("ignore", RuntimeWarning)
+            low, high = np.nanmin(rates, axis=1), np.nanmax(rates, axis=1)
+        ax2.fill_between(epochs, low, high, alpha=0.25, color="gray", label=f"all {groups} groups (min to max)")
+        note = f"{groups} parameter groups: groups 0 to {drawn - 1} drawn, all of them as their min-max band"
+    for g in range(drawn):
+        ax2.plot(epochs, rates[:, g], ".-" if mark else "-", label=f"group {g}" if groups > 1 else "learning rate")
     ax2.set_xlabel("epoch")
     ax2.set_ylabel("learning rate")
     if groups > 1:
-        ax2.legend()
+        ax2.legend(fontsize="small")
     fig.tight_layout()
     fig.savefig(out)
     plt.close(fig)
+    return note
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -54,6 +54,9 @@ def int_or_none(value) -> Optional[int]:
     return None
 
 
+_SCALARS = frozenset({float, int, str, bool, type(None)})
+
+
 def copy_json(value: Any) -> Any:
     """A copy of a JSON value: every dict, list and tuple is new, other values are shared.
 
@@ -77,10 +80,13 @@ def copy_json(value: Any) -> Any:
             out: Any = dict.fromkeys(v.keys())
             stack.extend((out, k, x, depth + 1) for k, x in v.items())
         elif isinstance(v, (list, tuple)):
-            out = [None] * len(v)
             if isinstance(v, tuple):
                 tuples.append((parent, key))
-            stack.extend((out, i, x, depth + 1) for i, x in enumerate(v))
+            if set(map(type, v)) <= _SCALARS:  # a history list: copied at C speed
+                out = list(v)
+            else:
+                out = [None] * len(v)
+                stack.extend((out, i, x, depth + 1) for i, x in enumerate(v))
         else:
             out = v
         parent[key] = out

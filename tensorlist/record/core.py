@@ -9,10 +9,21 @@ schema cannot say (list lengths and epochs against each other). Errors are
 FormatErrors naming the field in the record's dotted form
 (``metadata.training.history.validation[2]``).
 
-Imports ``schema``, ``_jsonio``, ``errors`` and the record's ``_common``.
+The history's per-epoch entries (almost all of a long run's record) are
+checked apart, in one pass per list: ``fastcheck`` screens each list at C
+speed and names the entries that may be bad; the first of them that strict
+JSON or the schema's own item rule refuses is the error. The rest of the
+record goes through strict JSON and the schema as a whole, the history's
+entries checked between the two. At most ``MAX_SCHEMA_ERRORS`` schema errors
+are kept to choose the one reported, so a record with many bad fields costs
+bounded memory.
+
+Imports ``schema``, ``_jsonio``, ``errors`` and the record's ``_common`` and ``fastcheck``.
 """
 from __future__ import annotations
 
+import functools
+import itertools
 import json
 import math
 import numbers
@@ -26,6 +37,7 @@ from .._jsonio import MAX_DEPTH, array_index, check_json, pointer_tokens
 from ..errors import FormatError
 from ..schema import schema_validator
 from ._common import join, short
+from .fastcheck import HISTORY_LISTS, suspects
 
 __all__ = [
     "FORMAT",
@@ -290,8 +302,15 @@ def _schema_error(error, root, prefix: str, file) -> FormatError:
     return FormatError(reason, file=file, field=path or None)
 
 
-def _raise_schema_errors(name: str, value, prefix: str, file) -> None:
-    errors = list(schema_validator(name).iter_errors(value))
+#: The most schema errors looked at to pick the one reported: a hostile record's
+#: hundreds of thousands of errors would otherwise all be kept (each holds its
+#: instance, schema and paths).
+MAX_SCHEMA_ERRORS = 64
+
+
+def _raise_schema_errors(name: str, value, prefix: str, file, validator=None) -> None:
+    validator = validator or schema_validator(name)
+    errors = list(itertools.islice(validator.iter_errors(value), MAX_SCHEMA_ERRORS))
     if errors:
         best = min(errors, key=lambda e: (_RANK.get(e.validator, 9), len(e.absolute_path), list(map(str, e.absolute_path))))
         raise _schema_error(best, value, prefix, file)
@@ -338,11 +357,41 @@ def _cross_checks(record: Mapping, prefix: str, file) -> None:
             _raise_schema_errors("dataset-params.schema.json", data, join(prefix, "validation.dataset_params"), file)
 
 
+_RECORD_SCHEMA = "training-record.schema.json"
+_ITEMS = dict(HISTORY_LISTS)
+
+
+@functools.lru_cache(maxsize=None)
+def _item_validator(key: str):
+    """The validator of one history list's entries: the shipped schema's own ``items`` rule."""
+    full = schema_validator(_RECORD_SCHEMA)
+    return full.evolve(schema=full.schema["properties"]["history"]["properties"][key]["items"])
+
+
+def _check_history_entries(hist: Mapping, where: str, file) -> None:
+    """Each history list's entries, in one pass each: the first bad entry raises.
+
+    ``fastcheck.suspects`` screens a list at C speed; an entry it names is
+    judged by the reference checks (strict JSON, then the schema's item
+    rule), so the error is the one the whole-record checks would give.
+    """
+    for key, lists in HISTORY_LISTS:
+        values = hist.get(key)
+        if not isinstance(values, list):
+            continue  # the schema says what is wrong with it
+        for i in suspects(values, lists):
+            entry_where = join(join(where, key), i)
+            check_strict_json(values[i], entry_where, file)
+            _raise_schema_errors(_RECORD_SCHEMA, values[i], entry_where, file, _item_validator(key))
+
+
 def validate_training_record(record, *, file=None, field_prefix: str = "") -> None:
     """Checks a training record against ``schemas/training-record.schema.json``.
 
     In order: the version marker; strict JSON (no NaN/Infinity, string keys,
-    plain JSON types); the schema; then what the schema cannot express (each
+    plain JSON types) of all but the history's entries; the history's entries
+    (strict JSON and the schema's item rule, one fast pass per list); the
+    schema; then what the schema cannot express (each
     history list has ``epochs.done`` entries, ``weights.epoch <= epochs.done``,
     one learning rate per parameter group, no validation values without a
     validation). Stops at the first failure.
@@ -363,8 +412,17 @@ def validate_training_record(record, *, file=None, field_prefix: str = "") -> No
     if isinstance(marker, str) and marker != FORMAT and _FORMAT_RE.match(marker):
         raise FormatError(f"unsupported training-record version {marker!r}; this tensorlist reads {FORMAT!r}",
                           file=file, field=join(field_prefix, "format"))
-    check_strict_json(record, field_prefix, file)
-    _raise_schema_errors("training-record.schema.json", record, field_prefix, file)
+    hist = record.get("history")
+    if isinstance(record, dict) and isinstance(hist, dict):
+        # the history's lists apart: their entries are screened in one pass
+        # (fastcheck), the rest of the record goes through the usual checks
+        rest = dict(record, history={k: [] if isinstance(v, list) and k in _ITEMS else v for k, v in hist.items()})
+        check_strict_json(rest, field_prefix, file)
+        _check_history_entries(hist, join(field_prefix, "history"), file)
+        _raise_schema_errors(_RECORD_SCHEMA, rest, field_prefix, file)
+    else:
+        check_strict_json(record, field_prefix, file)
+        _raise_schema_errors(_RECORD_SCHEMA, record, field_prefix, file)
     _cross_checks(record, field_prefix, file)
 
 

@@ -43,13 +43,14 @@ def _with_hints(read, *, file=None) -> Any:
         raise
 
 
-def _source_value(source) -> Tuple[Any, Optional[str]]:
+def _source_value(source) -> Tuple[Any, Optional[str], bool]:
+    """(the document, its file, whether it was parsed here: no one else holds it, so it needs no copy)."""
     if isinstance(source, (str, os.PathLike)):
         path = os.fsdecode(source)
-        return _with_hints(lambda: read_json_file(path, Limits()), file=path), path
+        return _with_hints(lambda: read_json_file(path, Limits()), file=path), path, True
     if isinstance(source, (bytes, bytearray, memoryview)):
-        return _with_hints(lambda: read_json_bytes(bytes(source), limits=Limits())), None
-    return source, None
+        return _with_hints(lambda: read_json_bytes(bytes(source), limits=Limits())), None, True
+    return source, None, False
 
 
 def read_training_record(source) -> TrainingRecord:
@@ -71,9 +72,9 @@ def read_training_record(source) -> TrainingRecord:
         OSError: the file cannot be read.
     """
     if isinstance(source, TrainingRecord):
-        value, file = source, None
+        value, file, parsed = source, None, False
     else:
-        value, file = _source_value(source)
+        value, file, parsed = _source_value(source)
     if not isinstance(value, Mapping):
         if file is not None:
             raise FormatError(f"holds a JSON {type(value).__name__}, not an object with a training record", file=file)
@@ -93,7 +94,7 @@ def read_training_record(source) -> TrainingRecord:
     if not isinstance(record, Mapping):
         raise FormatError(f"expected a JSON object, got {short(record)}", file=file, field=prefix)
     validate_training_record(record, file=file, field_prefix=prefix)
-    return TrainingRecord(copy_json(record))
+    return TrainingRecord(record if parsed else copy_json(record))
 
 
 def read_dataset_params(source) -> dict:
@@ -102,7 +103,7 @@ def read_dataset_params(source) -> dict:
     Raises:
         FormatError: not strict JSON, or an invalid record (naming the field).
     """
-    value, file = _source_value(source)
+    value, file, parsed = _source_value(source)
     if not isinstance(value, Mapping):
         if file is not None:
             raise FormatError(f"holds a JSON {type(value).__name__}, not an object", file=file)
@@ -116,7 +117,7 @@ def read_dataset_params(source) -> dict:
     if not isinstance(data, Mapping):
         raise FormatError(f"expected a JSON object, got {short(data)}", file=file, field=prefix or None)
     validate_dataset_params(data, file=file, field_prefix=prefix)
-    return copy_json(data)
+    return data if parsed else copy_json(data)
 
 
 def save_model_file(path, weights, *, training: Mapping, dataset_params: Mapping,
