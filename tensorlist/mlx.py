@@ -72,7 +72,7 @@ def load(path, *, mmap: bool = True, verify: bool = False, pointer: Optional[str
             nothing is converted then.
         FormatError: the descriptor or data file breaks the format.
     """
-    arrays = reader.load(path, mmap=mmap, verify=verify, pointer=pointer, **kwargs)
+    arrays = reader.load(path, mmap=mmap, verify=verify, pointer=pointer, bits=True, **kwargs)  # no ml_dtypes
     check_held(path, arrays, refusal)
     return {k: from_numpy(a, f"tensor {k!r}") for k, a in arrays.items()}
 
