@@ -107,6 +107,11 @@ class DType:
     ml_dtypes_since: Optional[str] = None
 
     @property
+    def carried(self) -> bool:
+        """Whether the type is not one of numpy's own: frameworks take its bytes by view (``bits``)."""
+        return self.bits.metadata is not None
+
+    @property
     def supported(self) -> bool:
         """Whether this installation can make arrays of the row (imports ml_dtypes for its rows)."""
         try:
@@ -150,6 +155,15 @@ def _np_row(code: int, name: str, t) -> DType:
     return row
 
 
+def _carrier_row(code: int, name: str, itemsize: int) -> DType:
+    """A row that neither numpy nor ml_dtypes holds with the same bytes: its arrays are always carriers."""
+    dt = np.dtype(f"u{itemsize}", metadata={BITS_KEY: name})
+    row = DType(code, name, itemsize)
+    object.__setattr__(row, "numpy", dt)
+    object.__setattr__(row, "bits", dt)
+    return row
+
+
 def _ml_row(code: int, name: str, itemsize: int, since: str) -> DType:
     row = _LazyDType(code, name, itemsize, since)
     object.__setattr__(row, "bits", _stored(np.dtype(f"u{itemsize}", metadata={BITS_KEY: name})))
@@ -181,6 +195,9 @@ DTYPES: tuple = (
     _np_row(28, "uint32", np.uint32),
     _np_row(29, "uint64", np.uint64),
     _ml_row(44, "float8_e8m0fnu", 1, "0.5.0"),
+    # two float4_e2m1fn values a byte, the first in the low nibble (torch's and safetensors' F4 order);
+    # ml_dtypes' float4_e2m1fn holds one value a byte, so numpy gets the packed bytes (a carrier)
+    _carrier_row(45, "float4_e2m1fn_x2", 1),
 )
 
 # torch codes that exist but have no whole-byte numpy representation.
@@ -198,7 +215,6 @@ UNSUPPORTED_CODES: Dict[int, str] = {
     22: "bits16",
     **{30 + i: f"uint{i + 1}" for i in range(7)},
     **{37 + i: f"int{i + 1}" for i in range(7)},
-    45: "float4_e2m1fn_x2",
 }
 
 _BY_CODE: Dict[int, DType] = {d.code: d for d in DTYPES}
@@ -206,7 +222,7 @@ _BY_NAME: Dict[str, DType] = {d.name: d for d in DTYPES}
 _ML_ROWS = tuple(d for d in DTYPES if d.ml_dtypes_since is not None)
 # numpy dtypes compare equal across byte orders only when native; key on the native form.
 # ml_dtypes rows join when resolved.
-_BY_NUMPY: Dict[np.dtype, DType] = {d.numpy.newbyteorder("="): d for d in DTYPES if d.ml_dtypes_since is None}
+_BY_NUMPY: Dict[np.dtype, DType] = {d.numpy.newbyteorder("="): d for d in DTYPES if not d.carried}
 
 
 def _resolve(row: DType) -> np.dtype:

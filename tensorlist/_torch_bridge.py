@@ -85,7 +85,7 @@ def to_numpy(t: torch.Tensor, where: str = "tensor", *, bits: bool = False) -> n
         row = _dtypes.from_name(name)
     except KeyError:
         raise TypeError(f"{where}: torch dtype {t.dtype} has no tensorlist dataType code") from None
-    if name == "bfloat16" or name.startswith("float8"):
+    if row.carried:  # bfloat16, float8, float4_e2m1fn_x2: numpy has no such type
         shape = tuple(t.shape)
         dt = (row.bits if bits else row.numpy).newbyteorder("=")  # torch's memory is in the host's order
         if t.numel() == 0:  # torch refuses dtype views of some empty tensors
@@ -107,7 +107,7 @@ def from_numpy(a: np.ndarray, device: Optional[torch.device] = None) -> torch.Te
         a = a.astype(a.dtype.newbyteorder("="))
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        if row.name == "bfloat16" or row.name.startswith("float8"):
+        if row.carried:
             t = torch.from_numpy(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
             t = t.view(getattr(torch, row.name)).reshape(a.shape)
         else:
