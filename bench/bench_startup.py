@@ -12,6 +12,14 @@ every command alike:
 * ``tensorlist inspect small.tl``;
 * ``tensorlist validate small.tl`` (this one runs the JSON Schema: jsonschema is imported).
 
+Then what a torch program pays, against safetensors (``--no-torch`` skips it), each measured inside a
+fresh interpreter that has already imported torch, interleaved the same way:
+
+* ``import tensorlist.torch`` against ``import safetensors.torch`` (target: at most 3x);
+* the first load of 64 MiB of bfloat16 tensors, imports included, every page touched:
+  ``tensorlist.torch.load_state`` against ``safetensors.torch.load_file`` (target: at most 2x).
+  bfloat16 crosses as its bits, so ml_dtypes (0.5 to 2 s to import) is not imported.
+
 The two CLI rows run what the ``tensorlist`` console script runs
 (``tensorlist.__main__:main``) in the interpreter running this script, with
 this checkout first on ``sys.path``, and bytecode cached as an installed
@@ -64,12 +72,68 @@ def run_once(argv, env, expect: str) -> float:
     return elapsed
 
 
+#: (label, target ratio to the safetensors row above it or None, code timed after ``import torch``)
+_TOUCH = "for t in sd.values(): t.view(torch.uint8).reshape(-1)[::4096].sum()"
+TORCH_ROWS = (
+    ("import safetensors.torch", None, "import safetensors.torch"),
+    ("import tensorlist.torch", 3.0, "import tensorlist.torch"),
+    ("safetensors first load_file", None,
+     "import safetensors.torch; sd = safetensors.torch.load_file({st!r}); " + _TOUCH),
+    ("tensorlist first load_state", 2.0,
+     "import tensorlist.torch; sd = tensorlist.torch.load_state({tl!r}); " + _TOUCH),
+)
+
+
+def run_in_torch(code: str, env) -> float:
+    """Seconds ``code`` takes in a fresh interpreter that has imported torch (timed in the child)."""
+    prog = ("import time, torch\nt0 = time.perf_counter()\n" + code +
+            "\nprint('<<%r>>' % (time.perf_counter() - t0)); import sys; print('ml_dtypes' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, env=env, cwd=ROOT)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{code!r} exited {proc.returncode}:\n{proc.stdout}{proc.stderr}")
+    out = proc.stdout
+    if "tensorlist" in code and out.strip().endswith("True"):
+        raise RuntimeError(f"{code!r} imported ml_dtypes")
+    return float(out[out.index("<<") + 2:out.index(">>")])
+
+
+def torch_table(tmp: str, env, runs: int) -> int:
+    """Prints the torch program rows; returns how many targets were missed."""
+    import torch
+    import safetensors.torch
+
+    g = torch.Generator().manual_seed(0)
+    sd = {f"layers.{i}.weight": torch.randn(1024, 1024, generator=g).to(torch.bfloat16) for i in range(32)}
+    st, tlp = os.path.join(tmp, "m.safetensors"), os.path.join(tmp, "m.tl")
+    safetensors.torch.save_file(sd, st)
+    tensorlist.save(tlp, sd)
+    rows = [(label, target, code.format(st=st, tl=tlp)) for label, target, code in TORCH_ROWS]
+    for _, _, code in rows:
+        run_in_torch(code, env)
+    times = {label: [] for label, *_ in rows}
+    for _ in range(runs):
+        for label, _, code in rows:
+            times[label].append(run_in_torch(code, env))
+    print(f"=== a torch program (torch {torch.__version__}, 64 MiB of bfloat16), median of {runs} interleaved runs")
+    print(f"{'after import torch':32} {'median':>9} {'min':>7} {'x peer':>8} {'target':>7}  met")
+    missed = 0
+    for i, (label, target, _) in enumerate(rows):
+        med = statistics.median(times[label])
+        ratio = med / statistics.median(times[rows[i - 1][0]]) if target is not None else 1.0
+        met = target is None or ratio <= target
+        missed += not met
+        print(f"{label:32} {med * 1000:7.1f}ms {min(times[label]) * 1000:5.1f}ms {ratio:7.2f}x "
+              f"{'' if target is None else f'<= {target:g}x':>7}  {'' if target is None else ('yes' if met else 'NO')}")
+    return missed
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=10, help="timed runs of each command (default 10)")
     ap.add_argument("--dir", default=None, help="where to put the temporary directory")
     ap.add_argument("--json", default=None, help="write the medians and ratios here")
     ap.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    ap.add_argument("--no-torch", action="store_true", help="skip the torch program rows")
     args = ap.parse_args(argv)
 
     tmp = tempfile.mkdtemp(prefix="tensorlist-startbench-", dir=args.dir)
@@ -90,6 +154,7 @@ def main(argv=None) -> int:
         for _ in range(args.runs):
             for label, _, argv_, expect in cmds:
                 times[label].append(run_once(argv_, env, expect))
+        torch_missed = 0 if args.no_torch else torch_table(tmp, env, args.runs)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -111,7 +176,7 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"runs": args.runs, "commands": report}, f, indent=2)
-    return 1 if args.check and missed else 0
+    return 1 if args.check and (missed or torch_missed) else 0
 
 
 if __name__ == "__main__":

@@ -206,13 +206,17 @@ class ListData:
     def array(self, info: TensorInfo) -> np.ndarray:
         return self.array_at(info.index)
 
-    def array_at(self, i: int) -> np.ndarray:
-        """Tensor ``i``: a view of the mapping (writable with mmap="copy"), or (mmap=False) a fresh read."""
+    def array_at(self, i: int, bits: bool = False) -> np.ndarray:
+        """Tensor ``i``: a view of the mapping (writable with mmap="copy"), or (mmap=False) a fresh read.
+
+        ``bits``: bfloat16/float8 as bit carriers (``DType.bits``), without ml_dtypes.
+        """
         if self.closed:
             raise ValueError("I/O operation on a closed Reader")
         table = self.desc.tensors
         try:
-            dt = table.dtypes[i].numpy
+            row = table.dtypes[i]
+            dt = row.bits if bits else row.numpy
         except UnsupportedDTypeError as e:
             raise unsupported_dtype(self.desc, e, i) from None
         shape, length = table.shapes[i], table.lengths[i]
@@ -228,22 +232,25 @@ class ListData:
         except ValueError as e:
             raise too_many_dims(self.desc, i, e) from None
 
-    def read_all(self) -> Dict[str, np.ndarray]:
-        """Every tensor: views of the mapping, or (mmap=False) one parallel read into one buffer."""
+    def read_all(self, bits: bool = False) -> Dict[str, np.ndarray]:
+        """Every tensor: views of the mapping, or (mmap=False) one parallel read into one buffer.
+
+        ``bits``: bfloat16/float8 as bit carriers (``DType.bits``), without ml_dtypes.
+        """
         if self.closed:
             raise ValueError("I/O operation on a closed Reader")
         desc = self.desc
         if self.file is None:  # an empty region: no file was opened
-            return views(np.empty(0, np.uint8), 0, desc, readonly=not self.mode.writable)
+            return views(np.empty(0, np.uint8), 0, desc, readonly=not self.mode.writable, bits=bits)
         if self.use_mmap:
-            return views(self.file.mapped(), desc.byte_offset, desc, readonly=not self.mode.writable)
+            return views(self.file.mapped(), desc.byte_offset, desc, readonly=not self.mode.writable, bits=bits)
         table = desc.tensors
         if sum(table.lengths) < desc.byte_length // 2:
             # mostly gaps (a hand-made layout): read the tensors, not the region
             keys = table.keys()
-            return {keys[i]: self.array_at(i) for i in range(len(keys))}
+            return {keys[i]: self.array_at(i, bits) for i in range(len(keys))}
         buf = self.file.read(desc.byte_offset, desc.byte_length, desc)
-        return views(buf, 0, desc, readonly=False)
+        return views(buf, 0, desc, readonly=False, bits=bits)
 
     def readinto(self, out, offset: int) -> None:
         """Copies the list's bytes ``[offset, offset + len(out))``, counted from its region's start, into ``out``.
@@ -413,17 +420,19 @@ def writable_bytes(buf) -> np.ndarray:
     return np.frombuffer(view.cast("B"), np.uint8) if view.nbytes else np.empty(0, np.uint8)
 
 
-def views(base: np.ndarray, start: int, desc: ListDescriptor, readonly: bool) -> Dict[str, np.ndarray]:
-    """Arrays over ``base`` for every tensor of ``desc`` (offsets relative to ``start``)."""
+def views(base: np.ndarray, start: int, desc: ListDescriptor, readonly: bool,
+          bits: bool = False) -> Dict[str, np.ndarray]:
+    """Arrays over ``base`` for every tensor of ``desc`` (offsets relative to ``start``; ``bits``: carriers)."""
     nd = np.ndarray
     out: Dict[str, np.ndarray] = {}
     table = desc.tensors
     try:
-        for key, dt, shape, off, ln in zip(table.keys(), table.dtypes, table.shapes, table.offsets, table.lengths):
+        for key, row, shape, off, ln in zip(table.keys(), table.dtypes, table.shapes, table.offsets, table.lengths):
+            dt = row.bits if bits else row.numpy
             if ln:
-                out[key] = nd(shape, dt.numpy, base, start + off)
+                out[key] = nd(shape, dt, base, start + off)
             else:
-                a = np.empty(shape, dt.numpy)
+                a = np.empty(shape, dt)
                 a.flags.writeable = not readonly
                 out[key] = a
     except UnsupportedDTypeError as e:

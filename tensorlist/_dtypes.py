@@ -39,6 +39,8 @@ __all__ = [
     "from_name",
     "UNSUPPORTED_CODES",
     "check_held",
+    "BITS_KEY",
+    "bits_row",
 ]
 
 
@@ -93,12 +95,22 @@ class DType:
             set when the row is built for numpy's own types, on first access
             for ml_dtypes rows; ``UnsupportedDTypeError`` when the installed
             ml_dtypes lacks the type).
+        bits: the dtype of a *bit carrier* (see :func:`bits_row`): ``numpy``
+            for numpy's own types; for an ml_dtypes row the same-size unsigned
+            integer, tagged with the row's name in its ``metadata``, so that
+            framework bridges (torch, MLX) move bfloat16/float8 bytes without
+            importing ml_dtypes and :func:`from_numpy` still finds the row.
     """
 
     code: int
     name: str
     itemsize: int
     ml_dtypes_since: Optional[str] = None
+
+    @property
+    def carried(self) -> bool:
+        """Whether the type is not one of numpy's own: frameworks take its bytes by view (``bits``)."""
+        return self.bits.metadata is not None
 
     @property
     def supported(self) -> bool:
@@ -132,10 +144,30 @@ def _stored(dt: np.dtype) -> np.dtype:
     return dt.newbyteorder("<") if dt.itemsize > 1 else dt
 
 
+#: The key of a bit carrier's dtype ``metadata``: the table name of the type its bits hold.
+BITS_KEY = "tensorlist.dtype"
+
+
 def _np_row(code: int, name: str, t) -> DType:
     dt = _stored(np.dtype(t))
     row = DType(code, name, dt.itemsize)
     object.__setattr__(row, "numpy", dt)
+    object.__setattr__(row, "bits", dt)
+    return row
+
+
+def _carrier_row(code: int, name: str, itemsize: int) -> DType:
+    """A row that neither numpy nor ml_dtypes holds with the same bytes: its arrays are always carriers."""
+    dt = np.dtype(f"u{itemsize}", metadata={BITS_KEY: name})
+    row = DType(code, name, itemsize)
+    object.__setattr__(row, "numpy", dt)
+    object.__setattr__(row, "bits", dt)
+    return row
+
+
+def _ml_row(code: int, name: str, itemsize: int, since: str) -> DType:
+    row = _LazyDType(code, name, itemsize, since)
+    object.__setattr__(row, "bits", _stored(np.dtype(f"u{itemsize}", metadata={BITS_KEY: name})))
     return row
 
 
@@ -155,15 +187,18 @@ DTYPES: tuple = (
     _np_row(9, "complex64", np.complex64),
     _np_row(10, "complex128", np.complex128),
     _np_row(11, "bool", np.bool_),
-    _LazyDType(15, "bfloat16", 2, "0.4.0"),
-    _LazyDType(23, "float8_e5m2", 1, "0.4.0"),
-    _LazyDType(24, "float8_e4m3fn", 1, "0.4.0"),
-    _LazyDType(25, "float8_e5m2fnuz", 1, "0.4.0"),
-    _LazyDType(26, "float8_e4m3fnuz", 1, "0.4.0"),
+    _ml_row(15, "bfloat16", 2, "0.4.0"),
+    _ml_row(23, "float8_e5m2", 1, "0.4.0"),
+    _ml_row(24, "float8_e4m3fn", 1, "0.4.0"),
+    _ml_row(25, "float8_e5m2fnuz", 1, "0.4.0"),
+    _ml_row(26, "float8_e4m3fnuz", 1, "0.4.0"),
     _np_row(27, "uint16", np.uint16),
     _np_row(28, "uint32", np.uint32),
     _np_row(29, "uint64", np.uint64),
-    _LazyDType(44, "float8_e8m0fnu", 1, "0.5.0"),
+    _ml_row(44, "float8_e8m0fnu", 1, "0.5.0"),
+    # two float4_e2m1fn values a byte, the first in the low nibble (torch's and safetensors' F4 order);
+    # ml_dtypes' float4_e2m1fn holds one value a byte, so numpy gets the packed bytes (a carrier)
+    _carrier_row(45, "float4_e2m1fn_x2", 1),
 )
 
 # torch codes that exist but have no whole-byte numpy representation.
@@ -181,7 +216,6 @@ UNSUPPORTED_CODES: Dict[int, str] = {
     22: "bits16",
     **{30 + i: f"uint{i + 1}" for i in range(7)},
     **{37 + i: f"int{i + 1}" for i in range(7)},
-    45: "float4_e2m1fn_x2",
 }
 
 _BY_CODE: Dict[int, DType] = {d.code: d for d in DTYPES}
@@ -189,7 +223,7 @@ _BY_NAME: Dict[str, DType] = {d.name: d for d in DTYPES}
 _ML_ROWS = tuple(d for d in DTYPES if d.ml_dtypes_since is not None)
 # numpy dtypes compare equal across byte orders only when native; key on the native form.
 # ml_dtypes rows join when resolved.
-_BY_NUMPY: Dict[np.dtype, DType] = {d.numpy.newbyteorder("="): d for d in DTYPES if d.ml_dtypes_since is None}
+_BY_NUMPY: Dict[np.dtype, DType] = {d.numpy.newbyteorder("="): d for d in DTYPES if not d.carried}
 
 
 def _resolve(row: DType) -> np.dtype:
@@ -241,6 +275,9 @@ def from_numpy(dtype) -> DType:
     if isinstance(dtype, str) and dtype in _BY_NAME:  # "bfloat16" works before ml_dtypes registers the name
         return _BY_NAME[dtype]
     dt = np.dtype(dtype)
+    carried = bits_row(dt)
+    if carried is not None:
+        return carried
     if dt.fields is not None:
         row = None
     else:
@@ -254,6 +291,21 @@ def from_numpy(dtype) -> DType:
     if row is None:
         raise TypeError(f"numpy dtype {dt!r} has no tensorlist dataType code; supported: "
                         + ", ".join(d.name for d in DTYPES))
+    return row
+
+
+def bits_row(dt: np.dtype) -> Optional[DType]:
+    """The row whose bits a carrier dtype holds (``row.bits`` of an ml_dtypes row), else None.
+
+    A carrier compares equal to its plain unsigned integer dtype, so every
+    lookup keyed by dtype asks here first.
+    """
+    meta = dt.metadata
+    if meta is None or BITS_KEY not in meta:
+        return None
+    row = _BY_NAME.get(meta[BITS_KEY]) if isinstance(meta[BITS_KEY], str) else None
+    if row is None or row.itemsize != dt.itemsize or dt.kind != "u":
+        raise TypeError(f"numpy dtype {dt!r} carries the bits of an unknown tensorlist dtype")
     return row
 
 

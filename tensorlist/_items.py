@@ -55,7 +55,7 @@ def as_array(value, where: str) -> np.ndarray:
     elif _is_torch_tensor(value):
         from ._torch_bridge import to_numpy  # torch is imported only when torch tensors come in
 
-        arr = to_numpy(value, where)
+        arr = to_numpy(value, where, bits=True)
     else:
         try:
             arr = np.asarray(value)
@@ -79,11 +79,14 @@ def dtype_info(dt: np.dtype) -> Tuple[_dtypes.DType, int]:
     by_id = _DTYPE_BY_ID.get(id(dt))
     if by_id is not None and by_id[0] is dt:
         return by_id[1]
-    hit = _DTYPE_CACHE.get(dt)
+    # a bit carrier (``_dtypes.bits_row``) equals its plain unsigned dtype: never keyed by value
+    hit = _DTYPE_CACHE.get(dt) if dt.metadata is None else None
     if hit is None:
         row = _dtypes.from_numpy(dt)
         size = dt.itemsize // (2 if dt.kind == "c" else 1)
-        hit = _DTYPE_CACHE[dt] = (row, 0 if _dtypes.is_little(dt) or size == 1 else size)
+        hit = (row, 0 if _dtypes.is_little(dt) or size == 1 else size)
+        if dt.metadata is None:
+            _DTYPE_CACHE[dt] = hit
     if len(_DTYPE_BY_ID) < 1024:
         _DTYPE_BY_ID[id(dt)] = (dt, hit)
     return hit

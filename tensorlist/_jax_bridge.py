@@ -66,6 +66,9 @@ def check_dtype(dtype, name: str, *, downcast: bool = False) -> np.dtype:
         dtype('float32')
     """
     dt = np.dtype(dtype)
+    carried = _dtypes.bits_row(dt)
+    if carried is not None:  # packed float4 pairs (or raw bits): jax would take them as unsigned integers
+        raise TypeError(f"tensor {name!r}: jax cannot hold dtype {carried.name}")
     native = dt.newbyteorder("=") if dt.itemsize > 1 else dt
     try:
         canonical = np.dtype(jax.dtypes.canonicalize_dtype(native))

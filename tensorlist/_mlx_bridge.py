@@ -14,7 +14,8 @@ What MLX 0.32 does with numpy arrays, measured, and what follows here:
   makes ``mx.array`` raise a bare ``OverflowError``: refused first, naming
   the file and the tensor.
 - bfloat16 crosses as its ``uint16`` bits (``.view(mx.bfloat16)``), which needs
-  neither MLX's nor numpy's knowledge of the other's bfloat16.
+  neither MLX's nor numpy's knowledge of the other's bfloat16: saves and loads
+  move bit carriers (``DType.bits``), so ml_dtypes is never imported for them.
 - ``np.array(x, copy=False)`` of an evaluated ``mx.array`` shares MLX's buffer
   (the buffer protocol): saving converts without a copy (a strided array is
   made contiguous by the writer, once).
@@ -67,10 +68,11 @@ def mlx_dtype(name: str) -> "mx.Dtype":
     return HELD[name]
 
 
-def to_numpy(x: "mx.array", where: str = "array") -> np.ndarray:
+def to_numpy(x: "mx.array", where: str = "array", *, bits: bool = False) -> np.ndarray:
     """A numpy array sharing the (evaluated) MLX array's buffer; bfloat16 through ml_dtypes.
 
-    Evaluates ``x`` if it is still lazy; zero-copy otherwise.
+    Evaluates ``x`` if it is still lazy; zero-copy otherwise. With ``bits``, a
+    bfloat16 array comes back as its bit carrier (``DType.bits``), without ml_dtypes.
 
     Raises:
         TypeError: ``x`` has a dtype the table lacks (naming ``where``).
@@ -79,7 +81,8 @@ def to_numpy(x: "mx.array", where: str = "array") -> np.ndarray:
     if name is None:
         raise TypeError(f"{where}: MLX dtype {x.dtype} has no tensorlist dataType code")
     if name == "bfloat16":
-        return np.array(x.view(mx.uint16), copy=False).view(_dtypes.from_name(name).numpy)
+        row = _dtypes.from_name(name)
+        return np.array(x.view(mx.uint16), copy=False).view((row.bits if bits else row.numpy).newbyteorder("="))
     return np.array(x, copy=False)
 
 
@@ -103,11 +106,11 @@ def from_numpy(a: np.ndarray, where: str = "tensor") -> "mx.array":
 
 
 def state_to_numpy(arrays: Mapping[str, "mx.array"]) -> Dict[str, np.ndarray]:
-    """A dict of MLX arrays as numpy arrays (zero-copy), each refused or converted by name."""
+    """A dict of MLX arrays as numpy arrays (zero-copy; bfloat16 as bit carriers), for saving."""
     out = {}
     for k, v in arrays.items():
         where = f"tensor {k!r}"
         if not is_array(v):
             raise TypeError(f"{where}: expected an mlx.core.array, got {type(v).__name__}")
-        out[k] = to_numpy(v, where)
+        out[k] = to_numpy(v, where, bits=True)
     return out

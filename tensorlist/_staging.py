@@ -265,7 +265,8 @@ def load(path, device, *, pointer: Optional[str] = None, mmap=True, verify: bool
     mmap = reader.read_mode(mmap)
     device = _usable(device, path)
     if device.type == "cpu":
-        arrays = reader.load(path, pointer=pointer, mmap=mmap, verify=verify, **reader_options)
+        # bit carriers: torch holds bfloat16/float8 itself, so ml_dtypes is never imported here
+        arrays = reader.load(path, pointer=pointer, mmap=mmap, verify=verify, bits=True, **reader_options)
         return {k: from_numpy(a) for k, a in arrays.items()}
     with reader.open(path, pointer=pointer, mmap=False, **reader_options) as r:
         if verify and len(r) and (r.descriptor.tensors.crcs is None

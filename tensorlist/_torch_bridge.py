@@ -1,8 +1,12 @@
 """The only torch <-> numpy conversion of the package (a leaf: imports torch, ``_dtypes``, ``errors``).
 
 numpy cannot hold torch's bfloat16/float8 tensors directly (``Tensor.numpy()``
-refuses them), so they cross as a byte view and are re-typed with ml_dtypes,
-which shares the memory instead of converting values. Every module that meets
+refuses them), so they cross as a byte view, shared, never converted: re-typed
+with ml_dtypes for a caller who wants numpy values (``to_numpy``), or, on the
+package's own save and load paths, as a *bit carrier* (``_dtypes.bits_row``:
+the same-size unsigned integer, tagged with the dtype), so that a torch
+program never imports ml_dtypes (0.5 to 2 s) for types torch holds itself.
+Every module that meets
 a torch tensor (the writer, the adapters, the record's hash, the converters)
 converts through here, so every path resolves and refuses the same tensors:
 
@@ -50,12 +54,15 @@ def _refusal(t: torch.Tensor) -> Optional[str]:
     return None
 
 
-def to_numpy(t: torch.Tensor, where: str = "tensor") -> np.ndarray:
+def to_numpy(t: torch.Tensor, where: str = "tensor", *, bits: bool = False) -> np.ndarray:
     """A numpy array with the tensor's dtype (bfloat16/float8 via ml_dtypes) and values.
 
     Zero-copy for a contiguous CPU tensor; a GPU tensor is copied to host
     memory (one tensor at a time), a non-contiguous one made contiguous, a
-    conjugate or negative view resolved.
+    conjugate or negative view resolved. With ``bits``, a bfloat16/float8
+    tensor comes back as its bit carrier (``DType.bits``: uint16/uint8 tagged
+    with the dtype, which every writer stores as that dtype) and ml_dtypes is
+    not imported.
 
     Raises:
         TypeError: a sparse, quantized or meta tensor, or a dtype tensorlist
@@ -78,19 +85,21 @@ def to_numpy(t: torch.Tensor, where: str = "tensor") -> np.ndarray:
         row = _dtypes.from_name(name)
     except KeyError:
         raise TypeError(f"{where}: torch dtype {t.dtype} has no tensorlist dataType code") from None
-    if name == "bfloat16" or name.startswith("float8"):
+    if row.carried:  # bfloat16, float8, float4_e2m1fn_x2: numpy has no such type
         shape = tuple(t.shape)
+        dt = (row.bits if bits else row.numpy).newbyteorder("=")  # torch's memory is in the host's order
         if t.numel() == 0:  # torch refuses dtype views of some empty tensors
-            return np.empty(shape, row.numpy)
-        return t.reshape(-1).view(torch.uint8).numpy().view(row.numpy).reshape(shape)
+            return np.empty(shape, dt)
+        return t.reshape(-1).view(torch.uint8).numpy().view(dt).reshape(shape)
     return t.numpy()
 
 
 def from_numpy(a: np.ndarray, device: Optional[torch.device] = None) -> torch.Tensor:
     """A tensor sharing ``a``'s memory (CPU), or copied to ``device``.
 
-    Read-only arrays (memory-mapped loads) become tensors that must not be
-    written to; torch has no read-only tensors, so its warning about it is
+    ``a`` may be a bit carrier (``DType.bits``): it becomes a tensor of the
+    dtype it carries. Read-only arrays (memory-mapped loads) become tensors
+    that must not be written to; torch has no read-only tensors, so its warning about it is
     silenced here and the rule is the caller's.
     """
     row = _dtypes.from_numpy(a.dtype)
@@ -98,7 +107,7 @@ def from_numpy(a: np.ndarray, device: Optional[torch.device] = None) -> torch.Te
         a = a.astype(a.dtype.newbyteorder("="))
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        if row.name == "bfloat16" or row.name.startswith("float8"):
+        if row.carried:
             t = torch.from_numpy(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
             t = t.view(getattr(torch, row.name)).reshape(a.shape)
         else:
@@ -106,6 +115,9 @@ def from_numpy(a: np.ndarray, device: Optional[torch.device] = None) -> torch.Te
     return t.to(device) if device is not None else t
 
 
-def state_to_numpy(state: Dict[str, torch.Tensor]) -> Dict[str, np.ndarray]:
-    """A state_dict's tensors as numpy arrays (zero-copy on CPU), each refused or converted by name."""
-    return {k: to_numpy(v, f"tensor {k!r}") for k, v in state.items()}
+def state_to_numpy(state: Dict[str, torch.Tensor], *, bits: bool = False) -> Dict[str, np.ndarray]:
+    """A state_dict's tensors as numpy arrays (zero-copy on CPU), each refused or converted by name.
+
+    ``bits``: bfloat16/float8 as bit carriers (see :func:`to_numpy`), for saving.
+    """
+    return {k: to_numpy(v, f"tensor {k!r}", bits=bits) for k, v in state.items()}

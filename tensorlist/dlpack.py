@@ -38,6 +38,7 @@ from typing import Optional, Tuple
 import numpy as np
 
 from . import _lowlevel
+from ._dtypes import BITS_KEY
 
 __all__ = ["DLPackExport", "to_dlpack", "LEGACY_READ_ONLY_MESSAGE"]
 
@@ -87,6 +88,9 @@ class DLPackExport:
             raise TypeError(f"to_dlpack takes a numpy array, not {type(array).__name__}")
         if not isinstance(copy, bool):
             raise TypeError(f"copy must be a bool, not {type(copy).__name__}")
+        carried = (array.dtype.metadata or {}).get(BITS_KEY)
+        if carried is not None:  # a bit carrier (float4_e2m1fn_x2's packed pairs): no DLPack type says what
+            raise TypeError(f"to_dlpack: a {carried} array has no DLPack type (export its bytes: a.view(np.uint8))")
         self.array = array
         self.copy = copy
 

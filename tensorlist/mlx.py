@@ -74,7 +74,7 @@ def load(path, *, mmap: bool = True, verify: bool = False, pointer: Optional[str
             tensor has a dimension past ``2**31 - 1`` (MLX's shapes are 32-bit;
             an empty tensor may have one), naming the file, the tensor and ``dims``.
     """
-    arrays = reader.load(path, mmap=mmap, verify=verify, pointer=pointer, **kwargs)
+    arrays = reader.load(path, mmap=mmap, verify=verify, pointer=pointer, bits=True, **kwargs)  # no ml_dtypes
     check_held(path, arrays, refusal, MAX_DIM, "MLX")
     return {k: from_numpy(a, f"tensor {k!r}") for k, a in arrays.items()}
 

@@ -117,6 +117,12 @@ class Reader(TensorMapping):
             document's directory.
         max_descriptor_bytes, max_tensors, max_total_bytes: policy limits
             (see ``format.Limits``).
+        bits: bfloat16 and float8 tensors as *bit carriers*: uint16/uint8
+            arrays of the same bytes whose ``dtype.metadata`` names the type
+            (``{"tensorlist.dtype": "bfloat16"}``), which ``save`` stores as
+            that type. For programs whose framework holds these types itself
+            (torch, MLX): ml_dtypes is then not imported. Other dtypes are
+            unaffected.
 
     Example:
         >>> import numpy as np, tensorlist, tempfile, os
@@ -142,8 +148,10 @@ class Reader(TensorMapping):
         max_descriptor_bytes: Optional[int] = None,
         max_tensors: Optional[int] = None,
         max_total_bytes: Optional[int] = None,
+        bits: bool = False,
     ):
         self.path = _backends.localize(os.fspath(path))
+        self._bits = bool(bits)
         self._limits = Limits.of(max_descriptor_bytes, max_tensors, max_total_bytes)
         self._mmap = mmap = read_mode(mmap)
         self._index: Optional[Dict[str, int]] = None
@@ -161,7 +169,7 @@ class Reader(TensorMapping):
     def __getitem__(self, key: Union[str, int]) -> np.ndarray:
         if self._data is None:
             raise ValueError("I/O operation on a closed Reader")
-        return self._data.array_at(self._position(key))
+        return self._data.array_at(self._position(key), self._bits)
 
     def items(self):
         return [(k, self[k]) for k in self.keys()]
@@ -173,7 +181,7 @@ class Reader(TensorMapping):
         """Every tensor, keyed as ``load`` keys them."""
         if self._data is None:
             raise ValueError("I/O operation on a closed Reader")
-        return self._data.read_all()
+        return self._data.read_all(self._bits)
 
     def readinto(self, buffer, offset: int = 0) -> None:
         """Copies the list's raw bytes at ``offset`` into the writable ``buffer``, filling it.
@@ -244,7 +252,7 @@ def load(path, *, pointer: Optional[str] = None, mmap: Union[bool, str] = True, 
             whole-file host copy; on ``"cpu"`` the tensors share the mapping
             as numpy's arrays do. Needs torch.
         **kwargs: ``allow_outside``, ``max_descriptor_bytes``, ``max_tensors``,
-            ``max_total_bytes`` (and, with ``device``, ``chunk_bytes`` and
+            ``max_total_bytes``, ``bits`` (see :class:`Reader`) (and, with ``device``, ``chunk_bytes`` and
             ``buffers``: the staging ring).
 
     Returns:

@@ -130,7 +130,7 @@ class RemoteReader(TensorMapping):
 
     Args:
         url: the descriptor's URL.
-        pointer, allow_outside, max_descriptor_bytes, max_tensors, max_total_bytes: as for Reader.
+        pointer, allow_outside, max_descriptor_bytes, max_tensors, max_total_bytes, bits: as for Reader.
         storage_options: passed to fsspec (credentials, endpoint...).
         mmap: True or False (the default True is accepted for compatibility:
             remote data is always read): read-only arrays. ``"copy"``:
@@ -141,11 +141,13 @@ class RemoteReader(TensorMapping):
 
     def __init__(self, url: str, *, pointer: Optional[str] = None, mmap=True, allow_outside: bool = False,
                  max_descriptor_bytes: Optional[int] = None, max_tensors: Optional[int] = None,
-                 max_total_bytes: Optional[int] = None, storage_options: Optional[dict] = None, _document=None):
+                 max_total_bytes: Optional[int] = None, storage_options: Optional[dict] = None, bits: bool = False,
+                 _document=None):
         self.path = url
         self._mode = read_mode(mmap)
         self._document = _document  # load_document: the document already read, lists chosen by pointer
         self._limits = Limits.of(max_descriptor_bytes, max_tensors, max_total_bytes)
+        self._bits = bool(bits)
         self.fs, self._fspath = _filesystem(url, storage_options)
         self._closed = False
         self._index: Optional[Dict[str, int]] = None
@@ -208,7 +210,8 @@ class RemoteReader(TensorMapping):
         out = []
         for i in positions:
             try:
-                dt = table.dtypes[i].numpy
+                row = table.dtypes[i]
+                dt = row.bits if self._bits else row.numpy
             except UnsupportedDTypeError as e:
                 raise unsupported_dtype(self.descriptor, e, i) from None
             shape = table.shapes[i]

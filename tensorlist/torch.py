@@ -106,7 +106,7 @@ def save_module_state(path, module, *, training: Optional[Mapping] = None,
         ['bias', 'weight']
     """
     state = module_state(module) if isinstance(module, torch.nn.Module) else dict(module)
-    arrays = state_to_numpy(state)
+    arrays = state_to_numpy(state, bits=True)
     if (training is None) != (dataset_params is None):
         raise ValueError("give both training= and dataset_params= (a model file holds both records), or neither")
     if training is not None:
@@ -298,7 +298,7 @@ def save_optimizer_state(path, optimizer, *, training: Optional[Mapping] = None,
         validate_dataset_params(dataset_params, field_prefix="dataset_params")
         metadata["training"] = loads_strict(dumps(training))  # plain JSON values (tuples become lists)
         metadata["dataset_params"] = loads_strict(dumps(dataset_params))
-    writer.save(path, state_to_numpy(tensors), metadata=metadata, **save_options)
+    writer.save(path, state_to_numpy(tensors, bits=True), metadata=metadata, **save_options)
 
 
 def load_optimizer_state(path, optimizer=None, *, device=None, pointer: Optional[str] = None) -> dict:

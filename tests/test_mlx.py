@@ -15,7 +15,8 @@ from tensorlist import _dtypes  # noqa: E402
 from tensorlist._mlx_bridge import HELD  # noqa: E402
 from tensorlist.errors import FormatError, UnsupportedDTypeError  # noqa: E402
 
-REFUSED = {"complex128", "float8_e5m2", "float8_e4m3fn", "float8_e5m2fnuz", "float8_e4m3fnuz", "float8_e8m0fnu"}
+REFUSED = {"complex128", "float8_e5m2", "float8_e4m3fn", "float8_e5m2fnuz", "float8_e4m3fnuz", "float8_e8m0fnu",
+           "float4_e2m1fn_x2"}
 
 
 def test_every_table_dtype_is_held_or_refused():

@@ -360,16 +360,24 @@ def test_complex128_is_refused_by_safetensors_output_in_one_line(tmp_path):
     assert os.listdir(tmp_path / "out") == []
 
 
-@pytest.mark.parametrize("st_dtype", ["F4", "F6_E2M3", "F6_E3M2"])
-def test_sub_byte_safetensors_dtypes_are_refused_by_name(tmp_path, st_dtype):
-    if st_dtype == "F4":  # made by the peer itself
-        safetensors_torch.save_file({"w": torch.zeros(2, dtype=torch.float4_e2m1fn_x2)}, str(tmp_path / "s.safetensors"))
-    else:
-        (tmp_path / "s.safetensors").write_bytes(
-            _st_bytes({"w": {"dtype": st_dtype, "shape": [4], "data_offsets": [0, 3]}}, b"\0" * 3))
+@pytest.mark.parametrize("st_dtype", ["F6_E2M3", "F6_E3M2"])
+def test_6_bit_safetensors_dtypes_are_refused_by_name(tmp_path, st_dtype):
+    (tmp_path / "s.safetensors").write_bytes(
+        _st_bytes({"w": {"dtype": st_dtype, "shape": [4], "data_offsets": [0, 3]}}, b"\0" * 3))
     with pytest.raises(tl.FormatError, match=rf"s.safetensors: tensor 0 \('w'\): field 'dtype': safetensors dtype "
                                              rf"{st_dtype} \(.*\) has no tensorlist dataType"):
         convert(tmp_path / "s.safetensors", tmp_path / "s.tl", progress=False)
+
+
+def test_f4_written_by_the_peer_converts_both_ways_bit_exactly(tmp_path):
+    g = torch.Generator().manual_seed(3)
+    w = torch.randint(0, 256, (3, 4), dtype=torch.uint8, generator=g).view(torch.float4_e2m1fn_x2)
+    safetensors_torch.save_file({"w": w}, str(tmp_path / "s.safetensors"))
+    assert _st_header(tmp_path / "s.safetensors")[1]["w"]["shape"] == [3, 8]  # the peer counts values
+    convert(tmp_path / "s.safetensors", tmp_path / "s.tl", progress=False)
+    convert(tmp_path / "s.tl", tmp_path / "b.safetensors", progress=False)
+    back = safetensors_torch.load_file(str(tmp_path / "b.safetensors"))["w"]
+    assert back.dtype == w.dtype and back.shape == w.shape and torch.equal(back.view(torch.uint8), w.view(torch.uint8))
 
 
 # --- 6. safetensors output others can map zero-copy, and load --------------------------------------

@@ -236,3 +236,61 @@ def test_remote_reader_refuses_an_unsupported_dtype_by_name(files):
     file, index, name, field, reason = out["error"]
     assert (file, index, name, field) == ("memory://e8/m.tl", 1, "scales", "dataType")
     assert "float8_e8m0fnu" in reason and "ml_dtypes >= 0.5.0" in reason
+
+
+def test_torch_paths_never_import_ml_dtypes(tmp_path):
+    """torch holds bfloat16 and float8 itself: its saves and loads move their bits, never ml_dtypes' values."""
+    out = child(f"""
+        import torch
+        import tensorlist as tl, tensorlist.torch as tt
+        from tensorlist.dcp import TensorListWriter, TensorListReader
+        import torch.distributed.checkpoint as dcp
+        names = ["bfloat16", "float8_e5m2", "float8_e4m3fn", "float8_e5m2fnuz", "float8_e4m3fnuz", "float8_e8m0fnu"]
+        g = torch.Generator().manual_seed(0)
+        sd = {{n: torch.randint(0, 255, (3, 4), dtype=torch.uint8, generator=g).view(getattr(torch, n)
+                 if n != "bfloat16" else torch.uint8) for n in names}}
+        sd["bfloat16"] = torch.randn(3, 4, generator=g).to(torch.bfloat16)
+        sd["empty"] = torch.zeros(0, 2, dtype=torch.bfloat16)
+        bits = lambda t: t.contiguous().view(torch.uint8).reshape(-1).tolist()
+        p = {str(tmp_path / "m.tl")!r}
+        tt.save_module_state(p, sd)
+        tl.save(p + ".2", sd)
+        got = [tt.load_state(p), tt.load_state(p + ".2", mmap=False), tt.load_state(p, mmap="copy"),
+               tl.load(p, device="cpu")]
+        lin = torch.nn.Linear(4, 3).to(torch.bfloat16)
+        tt.save_module_state(p + ".lin", lin)
+        lin2 = torch.nn.Linear(4, 3).to(torch.bfloat16)
+        tt.load_module_state(p + ".lin", lin2)
+        dcp.save(sd, storage_writer=TensorListWriter({str(tmp_path / "ck")!r}))
+        target = {{k: torch.empty_like(v) for k, v in sd.items()}}
+        dcp.load(target, storage_reader=TensorListReader({str(tmp_path / "ck")!r}))
+        got.append(target)
+        out["same"] = [all(v.dtype == sd[k].dtype and v.shape == sd[k].shape and bits(v) == bits(sd[k])
+                           for k, v in d.items()) and list(d) == list(sd) for d in got]
+        out["linear"] = torch.equal(lin.weight.view(torch.int16), lin2.weight.view(torch.int16))
+        out["heavy"] = heavy()
+        import numpy as np
+        out["numpy"] = tl.load(p)["bfloat16"].dtype.name  # a numpy program asks for values: ml_dtypes then
+        out["after_numpy"] = "ml_dtypes" in heavy()
+        """)
+    assert out["same"] == [True] * 5 and out["linear"]
+    assert "ml_dtypes" not in out["heavy"] and "torch" in out["heavy"]
+    assert out["numpy"] == "bfloat16" and out["after_numpy"]
+
+
+def test_mlx_paths_never_import_ml_dtypes(tmp_path):
+    """MLX holds bfloat16 itself: its saves and loads move the bits; float8 is refused by name, still without it."""
+    pytest.importorskip("mlx.core", reason="MLX is not installed (no wheel for this Python)")
+    out = child(f"""
+        import mlx.core as mx
+        import tensorlist.mlx as tm
+        from tensorlist.errors import UnsupportedDTypeError
+        w = mx.random.normal((8, 4), key=mx.random.key(0)).astype(mx.bfloat16)
+        p = {str(tmp_path / "m.tl")!r}
+        tm.save(p, {{"w": w, "i": mx.arange(3)}})
+        back = tm.load(p)
+        out["same"] = back["w"].dtype == mx.bfloat16 and mx.array_equal(back["w"].view(mx.uint16),
+                                                                       w.view(mx.uint16)).item()
+        out["heavy"] = heavy()
+        """)
+    assert out["same"] and "ml_dtypes" not in out["heavy"]

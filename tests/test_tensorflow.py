@@ -22,7 +22,7 @@ from tensorlist import _dtypes, reader  # noqa: E402
 from tensorlist._tf_bridge import HELD  # noqa: E402
 from tensorlist.errors import UnsupportedDTypeError  # noqa: E402
 
-REFUSED = {"float8_e8m0fnu"}
+REFUSED = {"float8_e8m0fnu", "float4_e2m1fn_x2"}
 COPIED = {"float8_e5m2", "float8_e4m3fn", "float8_e5m2fnuz", "float8_e4m3fnuz"}  # tf.bitcast refuses float8
 ALIASED = sorted(set(HELD) - COPIED)
 NO_VARIABLE = {"float8_e5m2fnuz", "float8_e4m3fnuz"}  # TensorFlow 2.21 has no AssignVariableOp kernel for them

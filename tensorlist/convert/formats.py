@@ -24,7 +24,7 @@ from ..errors import FormatError
 from ..format import Limits, dims_problem, open_regular, shape_nbytes
 
 __all__ = ["FORMATS", "MAX_SAFETENSORS_HEADER", "DEFAULT_SHARD_BYTES", "NPZ_SIDECAR", "ST_DTYPES", "ST_NAMES",
-           "ST_RANK", "ST_NOT_HERE", "RAW_DTYPES", "UINT", "MAX_EXPANSION", "MIN_EXPANSION_BYTES",
+           "ST_RANK", "ST_NOT_HERE", "ST_PACKED", "st_shape", "packed_shape", "RAW_DTYPES", "UINT", "MAX_EXPANSION", "MIN_EXPANSION_BYTES",
            "check_format", "check_shape", "row_of", "check_limits", "expansion_cap", "infer_format", "Entry", "Source",
            "MetadataDroppedWarning", "DCP_FORMATS", "TORCH_DCP_METADATA", "is_directory"]
 
@@ -45,7 +45,7 @@ NPZ_SIDECAR = "__tensorlist__"
 #: safetensors' dtype enum (``Dtype`` in safetensors/src/tensor.rs, 0.8), in its declared order: its
 #: writer sorts tensors by this order, descending, then by name, so that back-to-back tensors stay
 #: aligned to their item size. Each maps to a tensorlist dtype name, or None where tensorlist has none.
-_ST_ENUM = (("BOOL", "bool"), ("F4", None), ("F6_E2M3", None), ("F6_E3M2", None), ("U8", "uint8"),
+_ST_ENUM = (("BOOL", "bool"), ("F4", "float4_e2m1fn_x2"), ("F6_E2M3", None), ("F6_E3M2", None), ("U8", "uint8"),
             ("I8", "int8"), ("F8_E5M2", "float8_e5m2"), ("F8_E4M3", "float8_e4m3fn"),
             ("F8_E8M0", "float8_e8m0fnu"), ("F8_E4M3FNUZ", "float8_e4m3fnuz"),
             ("F8_E5M2FNUZ", "float8_e5m2fnuz"), ("I16", "int16"), ("U16", "uint16"), ("F16", "float16"),
@@ -56,11 +56,15 @@ ST_DTYPES = {st: name for st, name in _ST_ENUM if name is not None}
 ST_NAMES = {v: k for k, v in ST_DTYPES.items()}
 #: position of each safetensors dtype in its enum (the writer's sort key)
 ST_RANK = {st: i for i, (st, _) in enumerate(_ST_ENUM)}
-#: safetensors dtypes tensorlist cannot hold: sub-byte elements (tensorlist stores whole bytes)
-ST_NOT_HERE = {"F4": "4-bit float", "F6_E2M3": "6-bit float", "F6_E3M2": "6-bit float"}
+#: safetensors dtypes tensorlist cannot hold, and why: 6-bit floats have no torch ScalarType code (the
+#: dataType), and four of them span three bytes, so no whole-byte element holds a whole number of them.
+ST_NOT_HERE = {"F6_E2M3": "a 6-bit float", "F6_E3M2": "a 6-bit float"}
+#: safetensors dtypes whose header shape counts values, several to a stored byte: values per element.
+#: F4's shape is the logical one ([4, 16]); tensorlist's (torch's float4_e2m1fn_x2) counts bytes ([4, 8]).
+ST_PACKED = {"F4": 2}
 #: dtypes numpy's .npy header cannot name (ml_dtypes): stored as same-size unsigned ints
 RAW_DTYPES = frozenset({"bfloat16", "float8_e5m2", "float8_e4m3fn", "float8_e5m2fnuz", "float8_e4m3fnuz",
-                        "float8_e8m0fnu"})
+                        "float8_e8m0fnu", "float4_e2m1fn_x2"})
 UINT = {1: np.dtype("u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4"), 8: np.dtype("<u8")}
 
 #: What a source may expand to, unless the caller raises it (``max_total_bytes=``): this many times
@@ -70,6 +74,27 @@ UINT = {1: np.dtype("u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4"), 8: np.dtype("
 #: of one storage.
 MAX_EXPANSION = 16
 MIN_EXPANSION_BYTES = 64 << 20
+
+
+def st_shape(st: str, shape) -> list:
+    """The shape a safetensors header gives a tensor stored with ``shape`` (F4: the last dim in values)."""
+    per = ST_PACKED.get(st)
+    if per is None:
+        return list(shape)
+    if not shape:
+        raise ValueError(f"a 0-d {st} tensor has no safetensors shape (its values are counted along the last "
+                         "dim): reshape it to (1,)")
+    return [*shape[:-1], shape[-1] * per]
+
+
+def packed_shape(st: str, shape: list) -> Optional[list]:
+    """The stored shape of a safetensors header's logical ``shape``, or None when it cannot be packed."""
+    per = ST_PACKED.get(st)
+    if per is None:
+        return shape
+    if not shape or type(shape[-1]) is not int or shape[-1] % per:
+        return None
+    return [*shape[:-1], shape[-1] // per]
 
 
 class MetadataDroppedWarning(UserWarning):

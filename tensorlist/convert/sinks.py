@@ -27,7 +27,7 @@ from ..format import Limits, short_repr
 from ..writer import Writer
 from .dcp import DcpSource, write_dcp
 from .formats import DCP_FORMATS, DEFAULT_SHARD_BYTES, MAX_SAFETENSORS_HEADER, NPZ_SIDECAR, RAW_DTYPES, ST_NAMES, \
-    ST_RANK, UINT, Entry, MetadataDroppedWarning, Source, check_format, check_limits, infer_format
+    ST_RANK, UINT, Entry, MetadataDroppedWarning, Source, check_format, check_limits, infer_format, st_shape
 from .sources import open_source
 
 __all__ = ["convert", "Progress"]
@@ -130,7 +130,12 @@ def _st_header(entries: Sequence[Entry], metadata: Optional[Dict[str, str]]) -> 
         header["__metadata__"] = metadata
     off = 0
     for e in entries:
-        header[e.name] = {"dtype": ST_NAMES[e.dtype.name], "shape": list(e.shape),
+        st = ST_NAMES[e.dtype.name]
+        try:
+            shape = st_shape(st, e.shape)
+        except ValueError as why:
+            raise ValueError(f"tensor {e.name!r}: {why}") from None
+        header[e.name] = {"dtype": st, "shape": shape,
                           "data_offsets": [off, off + e.nbytes]}
         off += e.nbytes
     try:

@@ -24,8 +24,8 @@ from ..errors import FormatError
 from ..format import MAX_DESCRIPTOR_BYTES, Limits, ListDescriptor, check_data_path, check_location, open_regular, \
     read_json_file, short_repr
 from ..reader import Reader
-from .formats import MAX_SAFETENSORS_HEADER, NPZ_SIDECAR, RAW_DTYPES, ST_DTYPES, ST_NOT_HERE, ST_RANK, UINT, Entry, \
-    Source, check_format, check_limits, check_shape, infer_format, row_of
+from .formats import MAX_SAFETENSORS_HEADER, NPZ_SIDECAR, RAW_DTYPES, ST_DTYPES, ST_NOT_HERE, ST_PACKED, ST_RANK, UINT, \
+    Entry, Source, check_format, check_limits, check_shape, infer_format, packed_shape, row_of
 from .dcp import open_dcp, open_torch_dcp
 from .torchfile import open_pt
 
@@ -187,14 +187,18 @@ class SafetensorsFile:
             if not isinstance(st, str) or st not in ST_RANK:
                 fail(f"unknown safetensors dtype {short_repr(st)}", "dtype")
             if st not in ST_DTYPES:
-                fail(f"safetensors dtype {st} ({ST_NOT_HERE[st]}) has no tensorlist dataType: tensorlist stores "
-                     "whole-byte elements", "dtype")
+                fail(f"safetensors dtype {st} ({ST_NOT_HERE[st]}) has no tensorlist dataType: it has no torch "
+                     "ScalarType code, and tensorlist stores whole-byte elements", "dtype")
             row = _dtypes.from_name(ST_DTYPES[st])
-            nbytes = check_shape(t["shape"], row, file=path, index=i, name=name)
+            shape = packed_shape(st, t["shape"]) if isinstance(t["shape"], list) else t["shape"]
+            if shape is None:
+                fail(f"shape {short_repr(t['shape'])} of {st} must end with a dim divisible by {ST_PACKED[st]} "
+                     f"(values are stored {ST_PACKED[st]} to a byte, as {row.name})", "shape")
+            nbytes = check_shape(shape, row, file=path, index=i, name=name)
             offs = t["data_offsets"]
             if not (isinstance(offs, list) and len(offs) == 2 and all(type(o) is int and o >= 0 for o in offs)):
                 fail(f"must be two non-negative integers [begin, end], got {short_repr(offs)}", "data_offsets")
-            rows.append((offs[0], offs[1], i, name, row, tuple(t["shape"]), nbytes))
+            rows.append((offs[0], offs[1], i, name, row, tuple(shape), nbytes))
         # safetensors' validate(): by offset, each tensor starts where the previous one ended
         rows.sort(key=lambda r: (r[0], r[1]))
         end = 0

@@ -253,7 +253,7 @@ class TensorListWriter(_CheckpointPath, StorageWriter, BlockingAsyncStager):
                 chunk = item.tensor_data.chunk
                 offsets, sizes = tuple(chunk.offsets), tuple(chunk.sizes)
                 where = f"state dict tensor {fqn!r} (chunk at {list(offsets)})"
-                a = to_numpy(planner.resolve_data(item), where)
+                a = to_numpy(planner.resolve_data(item), where, bits=True)
                 if a.shape != sizes:
                     raise ValueError(f"{where}: the planner resolved a tensor of shape {list(a.shape)} for a chunk of "
                                      f"sizes {list(sizes)}")
@@ -429,11 +429,11 @@ def _add_slice(reads: RangeReads, data_path: str, base: int, file: str, entry: S
         buf = np.empty(length, np.uint8)
         reads.add(data_path, base + first, buf, file)
         strides = tuple(row.itemsize * math.prod(shape[d + 1:]) for d in range(len(shape)))
-        return lambda: from_numpy(np.ndarray(lengths, row.numpy, buf, 0, strides))
+        return lambda: from_numpy(np.ndarray(lengths, row.bits, buf, 0, strides))
     dest = _writable_bytes(target, torch_dtype(entry.dtype))
     staged = None
     if dest is None:
-        tmp = np.empty(lengths, row.numpy)
+        tmp = np.empty(lengths, row.bits)
         dest = tmp.reshape(-1).view(np.uint8)
         staged = lambda: from_numpy(tmp)  # noqa: E731
     for k, start in enumerate(starts):

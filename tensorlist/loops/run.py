@@ -420,10 +420,10 @@ class Run:
             min_model = None if self.min_model is None else dcp_ref("min_model")
             averaged = dcp_ref("averaged")
         else:
-            weights = state_to_numpy(module_state(self.module))
+            weights = state_to_numpy(module_state(self.module), bits=True)
             opt_tensors, opt_meta = optimizer_state_parts(self.cfg.optimizer.state_dict())
-            parts = dict(model=weights, optimizer=state_to_numpy(opt_tensors), optimizer_meta=opt_meta)
-            min_model = None if self.min_model is None else state_to_numpy(self.min_model)
+            parts = dict(model=weights, optimizer=state_to_numpy(opt_tensors, bits=True), optimizer_meta=opt_meta)
+            min_model = None if self.min_model is None else state_to_numpy(self.min_model, bits=True)
             averaged = None
         record = self.record_meta("checkpoint", weights)
         if not sharded:
@@ -433,7 +433,7 @@ class Run:
             if self.swa.number_of_averaged_models == 0:
                 averaged = None
             elif not sharded:
-                averaged = state_to_numpy(module_state(self.averaged.module))
+                averaged = state_to_numpy(module_state(self.averaged.module), bits=True)
             swa = phase_document("swa", state=self.swa, averaged=averaged, **parts)
             simple = empty_simple(self.simple, sharded=sharded) if self.simple is not None else None
         else:
@@ -496,7 +496,7 @@ class Run:
         rec = self.recorder.record(kind, epoch=epoch)
         if value is not None:
             rec["weights"]["validation"] = value
-        save_model_file(path, state_to_numpy(weights), training=rec, dataset_params=self.cfg.dataset_params)
+        save_model_file(path, state_to_numpy(weights, bits=True), training=rec, dataset_params=self.cfg.dataset_params)
         self.files[kind] = path
 
     def save_best(self) -> None:

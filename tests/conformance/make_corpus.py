@@ -37,6 +37,8 @@ DTYPES = [
     (25, "float8_e5m2fnuz", ml_dtypes.float8_e5m2fnuz), (26, "float8_e4m3fnuz", ml_dtypes.float8_e4m3fnuz),
     (27, "uint16", "<u2"), (28, "uint32", "<u4"), (29, "uint64", "<u8"),
     (44, "float8_e8m0fnu", ml_dtypes.float8_e8m0fnu),
+    # packed pairs of 4-bit floats: the values are the bytes, in a uint8 tagged as tensorlist's readers tag it
+    (45, "float4_e2m1fn_x2", np.dtype("u1", metadata={"tensorlist.dtype": "float4_e2m1fn_x2"})),
 ]
 CODE = {name: code for code, name, _ in DTYPES}
 NP = {name: np.dtype(dt) for _, name, dt in DTYPES}
@@ -71,7 +73,7 @@ def sample(name: str, shape) -> np.ndarray:
     k = np.arange(n)
     if name == "bool":
         a = (k % 3 == 1)
-    elif name.startswith(("uint", "int")):
+    elif name.startswith(("uint", "int")) or name == "float4_e2m1fn_x2":
         a = (k * 7 + 1) if name.startswith("uint") else (k * 7 - 5)
     elif name == "float8_e8m0fnu":
         a = 2.0 ** (k - 2)
@@ -115,7 +117,7 @@ def layout(arrays, names=None, *, alignment=64, crc=True, lamp=False, start=0):
         else:
             e = {"name": names[i]} if names else {}
             e["dims"] = list(a.shape)
-        name = next(n for c, n, dt in DTYPES if np.dtype(dt) == a.dtype)
+        name = dtype_name(a)
         e.update(dataType=CODE[name], byteOffset=off, byteLength=len(raw))
         if crc and not lamp:
             e["crc32c"] = crc32c(raw)
@@ -125,10 +127,15 @@ def layout(arrays, names=None, *, alignment=64, crc=True, lamp=False, start=0):
     return entries, bytes(region)
 
 
+def dtype_name(a: np.ndarray) -> str:
+    """The table name of ``a``'s dtype (a tagged uint8 is not uint8: numpy's == ignores the tag)."""
+    return next(n for c, n, dt in DTYPES if np.dtype(dt) == a.dtype and np.dtype(dt).metadata == a.dtype.metadata)
+
+
 def expected(arrays, names=None):
     out = []
     for i, a in enumerate(arrays):
-        name = next(n for c, n, dt in DTYPES if np.dtype(dt) == a.dtype)
+        name = dtype_name(a)
         out.append({"key": names[i] if names else str(i), "dtype": name, "dataType": CODE[name],
                     "shape": list(a.shape), "hex": a.tobytes().hex(), "values": values(a)})
     return out
