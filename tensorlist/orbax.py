@@ -41,6 +41,7 @@ import orbax.checkpoint as ocp
 
 from . import _jax_shards, _tree, reader
 from . import jax as tl_jax
+from .errors import FormatError
 from .format import DEFAULT_ALIGNMENT, confine
 
 __all__ = [
@@ -123,6 +124,8 @@ def _abstract(directory) -> Optional[Any]:
             shapes = {n: jax.ShapeDtypeStruct(tuple(r.info(n).shape), r.info(n).dtype.numpy) for n in r.keys()}
             return _tree.decode(header["tree"], shapes, file=r.path, field=tl_jax.TREE_FIELD)
     path = confine(directory, SHARDED_DIR, what="item file", where="Orbax item directory")
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise FormatError(f"is not a directory: a sharded item's {SHARDED_DIR}/ holds its shards", file=path)
     if os.path.isdir(path):
         with _jax_shards.open_dir(path) as ck:
             header = _tree.tree_header(ck.header, file=ck.metadata_file, field=SHARDED_TREE_FIELD)
