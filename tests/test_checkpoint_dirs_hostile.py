@@ -1,4 +1,4 @@
-"""Hostile checkpoint directories, one class for every directory kind (docs/SECURITY.md G26, G27).
+"""Hostile checkpoint directories, one class for every directory kind (docs/SECURITY.md G23, G24).
 
 Each kind is saved for real (a DCP directory through ``TensorListWriter``, Orbax items through a
 ``CheckpointManager``, a Lightning sharded directory through ``TensorListModelParallelStrategy``,
