@@ -9,16 +9,15 @@ naming the file, the tensor (index and name) and the field.
 """
 from __future__ import annotations
 
-import errno
 import json
 import os
 import posixpath
-import stat
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
 from . import _dtypes, _lowlevel
+from ._files import confine, inside, open_regular, read_capped, read_regular, sha256_file
 from ._jsonio import escape_pointer, loads_strict, resolve_pointer, walk
 from .errors import FormatError, short_repr
 
@@ -46,6 +45,9 @@ __all__ = [
     "read_json_bytes",
     "read_capped",
     "open_regular",
+    "read_regular",
+    "sha256_file",
+    "confine",
     "select_list",
     "looks_like_list",
     "LIST_KEYS",
@@ -249,62 +251,6 @@ def find_tensor_lists(doc: Any) -> List[str]:
     return found
 
 
-def open_regular(path, *, what: str = "descriptor", file=None, field: Optional[str] = None) -> int:
-    """Opens ``path`` read-only and returns the fd, refusing anything but a regular file.
-
-    The one file-type check of the package: a FIFO would block a plain open
-    forever, a device (``/dev/zero``) never ends, a socket cannot be read, so
-    the open is non-blocking and the type is checked on the open file
-    (``fstat``, no race with a rename) before a byte is read; the fd is then
-    made blocking again.
-
-    Raises:
-        FormatError: not a regular file (naming ``file`` and ``field``).
-        OSError: it cannot be opened (FileNotFoundError included).
-    """
-    path = os.fspath(path)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except OSError as e:
-        if e.errno != errno.ENXIO:  # ENXIO: a unix socket (or a FIFO's peer is gone): not a file to read
-            raise
-        shown = f"{what} {path!r}" if file is not None and os.fspath(file) != path else what
-        raise FormatError(f"{shown} is not a regular file: it is a socket or device without a reader",
-                          file=file if file is not None else path, field=field) from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            kind = _FILE_KINDS.get(stat.S_IFMT(st.st_mode), "a special file")
-            shown = f"{what} {path!r}" if file is not None and os.fspath(file) != path else what
-            raise FormatError(f"{shown} is not a regular file: it is {kind}", file=file if file is not None else path,
-                              field=field)
-        os.set_blocking(fd, True)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-_FILE_KINDS = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket",
-               stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device"}
-
-
-def read_capped(fd: int, limit: int, *, file, what: str = "descriptor") -> bytes:
-    """Reads an open regular file whole, refusing it above ``limit`` bytes (before reading it)."""
-    size = os.fstat(fd).st_size
-    if size > limit:
-        raise FormatError(f"{what} is {size} bytes, above the limit of {limit} (raise it with max_descriptor_bytes=)",
-                          file=file)
-    with os.fdopen(os.dup(fd), "rb") as f:
-        # size + 1 (not the cap): read() sets aside the whole request up front
-        text = f.read(size + 1)
-        if len(text) > size:  # the file grew while we read
-            text += f.read(limit + 1 - len(text))
-    if len(text) > limit:
-        raise FormatError(f"{what} is above the limit of {limit} bytes", file=file)
-    return text
-
-
 def read_json_file(path, limits: Limits = Limits(), *, fast: bool = False) -> Any:
     """Reads and strictly parses a JSON document: a regular file, refused above the size cap.
 
@@ -313,11 +259,7 @@ def read_json_file(path, limits: Limits = Limits(), *, fast: bool = False) -> An
     document is parsed as usual); only the reading path uses this.
     """
     path = os.fspath(path)
-    fd = open_regular(path, what="descriptor")
-    try:
-        text = read_capped(fd, limits.max_descriptor_bytes, file=path)
-    finally:
-        os.close(fd)
+    text = read_regular(path, limits.max_descriptor_bytes, what="descriptor")
     return read_json_bytes(text, file=path, limits=limits, fast=fast)
 
 
@@ -736,11 +678,6 @@ def _fast_table(span: TensorSpan, limits: Limits) -> Optional[TensorTable]:
     return TensorTable(names, dtypes, shapes, cols["offsets"].tolist(), cols["lengths"].tolist(), crc_list)
 
 
-def _inside(path: str, root: str) -> bool:
-    root = root.rstrip(os.sep) or os.sep
-    return path == root or path.startswith(root if root == os.sep else root + os.sep)
-
-
 def check_data_path(desc: ListDescriptor, allow_outside: bool = False) -> None:
     """Refuses a data file whose real path (symlinks resolved) leaves the document's directory.
 
@@ -749,7 +686,9 @@ def check_data_path(desc: ListDescriptor, allow_outside: bool = False) -> None:
     elsewhere. Two directories are accepted: the descriptor's directory and,
     when the descriptor file is itself a symlink, the directory of its target
     (content-addressed caches keep both files as symlinks into one blob
-    directory). ``allow_outside=True`` trusts any target.
+    directory). ``allow_outside=True`` trusts any target. The test is
+    ``_files.inside``, the one :func:`confine` applies inside a checkpoint
+    directory: a descriptor confined there has its data file confined too.
     """
     if allow_outside or desc.base_dir is None:
         return
@@ -758,7 +697,7 @@ def check_data_path(desc: ListDescriptor, allow_outside: bool = False) -> None:
     roots = [os.path.realpath(desc.base_dir)]
     if desc.file is not None:
         roots.append(os.path.dirname(os.path.realpath(desc.file)))
-    if not any(_inside(real, r) for r in roots):
+    if not any(inside(real, r) for r in roots):
         raise FormatError(
             f"data file {path!r} resolves to {real!r}, outside the descriptor's directory "
             "(a symlink; pass allow_outside=True to trust it)",

@@ -44,7 +44,6 @@ transformers only where they are used. See docs/LOOPS.md ("Hugging Face").
 from __future__ import annotations
 
 import functools
-import hashlib
 import logging
 import math
 import os
@@ -58,7 +57,7 @@ from . import _hf_accelerate as checkpoint_dirs, _hf_record as trainer_state, re
 from ._commit import atomic_file
 from ._jsonio import dumps, from_tagged, loads_strict, to_tagged
 from .errors import FormatError
-from .format import Limits, read_json_file
+from .format import Limits, confine, read_json_file, read_regular, sha256_file
 from .loops.state import rng_state, set_rng_state
 from .record import (
     TrainingRecorder, build_training_record, optimizer_record, read_training_record, save_model_file, weights_sha256,
@@ -204,7 +203,7 @@ def export_pretrained(checkpoint, output_dir, *, model_file: str = MODEL_FILE) -
     from safetensors.torch import save_file
 
     checkpoint = os.fspath(checkpoint)
-    source = os.path.join(checkpoint, model_file) if os.path.isdir(checkpoint) else checkpoint
+    source = confine(checkpoint, model_file) if os.path.isdir(checkpoint) else checkpoint
     os.makedirs(output_dir, exist_ok=True)
     # clones: safetensors refuses tensors sharing storage, and every tensor of a mapped file does
     weights = {k: v.clone() for k, v in load_tensors(source).items()}
@@ -218,9 +217,11 @@ def export_pretrained(checkpoint, output_dir, *, model_file: str = MODEL_FILE) -
         save_file(weights, tmp, metadata=meta)
     here = os.path.dirname(source)
     for name in ("config.json", "generation_config.json"):
-        src = os.path.join(here, name)
-        if os.path.isfile(src) and os.path.abspath(src) != os.path.abspath(os.path.join(output_dir, name)):
-            shutil.copyfile(src, os.path.join(output_dir, name))
+        src, dst = confine(here, name), os.path.join(output_dir, name)
+        if os.path.lexists(src) and os.path.abspath(src) != os.path.abspath(dst):
+            text = read_regular(src, Limits().max_descriptor_bytes, what=name)
+            with atomic_file(dst) as tmp, open(tmp, "wb") as f:
+                f.write(text)
     return out
 
 
@@ -353,8 +354,7 @@ def _write_state(accelerator, output_dir: str, training, dataset_params) -> None
 
 
 def _sha256_of(path: str) -> str:
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
+    return sha256_file(path, Limits().max_descriptor_bytes, what="descriptor")  # a regular file, bounded
 
 
 def _write_manifest(output_dir: str, names: List[str]) -> None:
@@ -366,7 +366,7 @@ def _write_manifest(output_dir: str, names: List[str]) -> None:
 
 
 def _read_manifest(input_dir: str) -> Mapping:
-    path = os.path.join(input_dir, MANIFEST_FILE)
+    path = confine(input_dir, MANIFEST_FILE)
     if not os.path.exists(path):
         raise FormatError(f"no {MANIFEST_FILE}: not a complete tensorlist.huggingface.save_state "
                           "(a save killed midway leaves none)", file=input_dir)
@@ -378,7 +378,7 @@ def _read_manifest(input_dir: str) -> Mapping:
 
 def _checked(input_dir: str, files: Mapping, name: str) -> str:
     """The path of descriptor ``name``, once its bytes are those the manifest lists."""
-    path = os.path.join(input_dir, name)
+    path = confine(input_dir, name)
     if name not in files:
         raise FileNotFoundError(f"{path}: not part of the saved state ({MANIFEST_FILE} does not list it)")
     if not os.path.exists(path):
@@ -549,7 +549,7 @@ def last_checkpoint(output_dir) -> Optional[str]:
     for _, name in sorted(found, reverse=True):
         path = os.path.join(output_dir, name)
         try:
-            read_json_file(os.path.join(path, "trainer_state.json"), Limits())
+            read_json_file(confine(path, "trainer_state.json"), Limits())
         except (OSError, FormatError):
             continue
         if os.path.isfile(os.path.join(path, MODEL_FILE)):
@@ -601,7 +601,8 @@ def _trainer_class():
                     raise ValueError(f"No valid checkpoint found in output directory ({self.args.output_dir})")
             if resume_from_checkpoint:
                 refuse_pickles(resume_from_checkpoint)
-                record = read_training_record(os.path.join(resume_from_checkpoint, MODEL_FILE))
+                record = read_training_record(confine(resume_from_checkpoint, MODEL_FILE))
+                read_json_file(confine(resume_from_checkpoint, "trainer_state.json"))  # transformers reads it plainly
                 self._tensorlist_start = {"optimizer": record["optimizer"],
                                           "initial_weights_sha256": record["initial_weights_sha256"],
                                           "initial_weights": record["initial_weights"]}
@@ -687,24 +688,24 @@ def _trainer_class():
             self._check_plain()
             refuse_pickles(resume_from_checkpoint)
             model = self.accelerator.unwrap_model(model if model is not None else self.model)
-            load_module_state(os.path.join(resume_from_checkpoint, MODEL_FILE), model)
+            load_module_state(confine(resume_from_checkpoint, MODEL_FILE), model)
 
         def _load_optimizer_and_scheduler(self, checkpoint):
             if checkpoint is None or not any(os.path.lexists(os.path.join(checkpoint, n))
                                              for n in (OPTIMIZER_FILE, SCHEDULER_FILE)):
                 return  # a save_only_model checkpoint: a fresh optimizer, as the stock Trainer
-            load_optimizer_state(os.path.join(checkpoint, OPTIMIZER_FILE), self.optimizer)
-            self.lr_scheduler.load_state_dict(read_state_file(os.path.join(checkpoint, SCHEDULER_FILE), "scheduler"))
+            load_optimizer_state(confine(checkpoint, OPTIMIZER_FILE), self.optimizer)
+            self.lr_scheduler.load_state_dict(read_state_file(confine(checkpoint, SCHEDULER_FILE), "scheduler"))
 
         def _load_scaler(self, checkpoint):
             scaler = getattr(self.accelerator, "scaler", None)
-            if checkpoint is not None and scaler is not None and os.path.exists(os.path.join(checkpoint, SCALER_FILE)):
-                scaler.load_state_dict(read_state_file(os.path.join(checkpoint, SCALER_FILE), "scaler"))
+            if checkpoint is not None and scaler is not None and os.path.exists(confine(checkpoint, SCALER_FILE)):
+                scaler.load_state_dict(read_state_file(confine(checkpoint, SCALER_FILE), "scaler"))
 
         def _load_rng_state(self, checkpoint):
             if checkpoint is None:
                 return
-            path = self._rng_file(checkpoint)
+            path = confine(checkpoint, os.path.basename(self._rng_file(checkpoint)))
             if not os.path.exists(path):
                 _log.info("%s: no RNG state; the resumed run is not reproducible", path)
                 return
@@ -764,7 +765,7 @@ def _trainer_class():
         def _load_best_model(self):
             best = self.state.best_model_checkpoint
             refuse_pickles(best)
-            load_module_state(os.path.join(best, MODEL_FILE), self.accelerator.unwrap_model(self.model))
+            load_module_state(confine(best, MODEL_FILE), self.accelerator.unwrap_model(self.model))
             self._tensorlist_best = True
 
     TensorListTrainer.__module__ = __name__

@@ -74,7 +74,7 @@ from ._torch_bridge import from_numpy
 from .dcp import TensorListReader, TensorListWriter
 from .errors import FormatError, short_repr
 from ._commit import new_token, own_locations
-from .format import open_regular, read_json_file
+from .format import confine, open_regular, read_json_file
 from .record import TrainingRecorder, read_training_record, validate_dataset_params, weights_sha256
 from ._lightning_record import RECORD_KEYS, SOLVER, global_seed, with_record
 
@@ -455,7 +455,7 @@ class _TensorListSharded(ABC):
         if not isinstance(name, str) or not _META_RE.fullmatch(name):
             raise FormatError(f"entry {META_KEY!r} must name a meta document {META_PATTERN!r}, got {short_repr(name)}",
                               file=os.fspath(path))
-        return _load_document(path / name, None, self.allow_pickle)
+        return _load_document(confine(path, name, what="meta document"), None, self.allow_pickle)
 
 
 class TensorListModelParallelStrategy(_TensorListSharded, ModelParallelStrategy):

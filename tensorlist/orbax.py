@@ -41,7 +41,8 @@ import orbax.checkpoint as ocp
 
 from . import _jax_shards, _tree, reader
 from . import jax as tl_jax
-from .format import DEFAULT_ALIGNMENT
+from .errors import FormatError
+from .format import DEFAULT_ALIGNMENT, confine
 
 __all__ = [
     "TREE_FILE", "SHARDED_DIR", "TensorListCheckpointHandler", "TensorListSave", "TensorListRestore",
@@ -99,8 +100,8 @@ def _restore(directory, target: Any, device: Any, verify: bool) -> Any:
     """Loads the item directory's tree onto ``target`` (an abstract tree, a Sharding or None) or ``device``."""
     directory = os.fspath(directory)
     for name in (TREE_FILE, SHARDED_DIR):
-        path = os.path.join(directory, name)
-        if os.path.exists(path):
+        path = confine(directory, name, what="item file", where="Orbax item directory")
+        if os.path.lexists(path):
             return tl_jax.load(path, sharding=target, device=device, verify=verify)
     raise FileNotFoundError(f"{directory}: no tensorlist item here (neither {TREE_FILE} nor {SHARDED_DIR}/); "
                             "was it saved with TensorListCheckpointHandler?")
@@ -114,15 +115,17 @@ def _abstract(directory) -> Optional[Any]:
     here, or one whose metadata holds no tree.
     """
     directory = os.fspath(directory)
-    path = os.path.join(directory, TREE_FILE)
-    if os.path.isfile(path):
+    path = confine(directory, TREE_FILE, what="item file", where="Orbax item directory")
+    if os.path.lexists(path) and not os.path.isdir(path):
         with reader.Reader(path) as r:
             header = _tree.tree_header(r.descriptor.metadata, file=r.path)
             if header is None:
                 return None
             shapes = {n: jax.ShapeDtypeStruct(tuple(r.info(n).shape), r.info(n).dtype.numpy) for n in r.keys()}
             return _tree.decode(header["tree"], shapes, file=r.path, field=tl_jax.TREE_FIELD)
-    path = os.path.join(directory, SHARDED_DIR)
+    path = confine(directory, SHARDED_DIR, what="item file", where="Orbax item directory")
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise FormatError(f"is not a directory: a sharded item's {SHARDED_DIR}/ holds its shards", file=path)
     if os.path.isdir(path):
         with _jax_shards.open_dir(path) as ck:
             header = _tree.tree_header(ck.header, file=ck.metadata_file, field=SHARDED_TREE_FIELD)

@@ -25,8 +25,8 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, Dict
 
 from .. import _backends
 from .._commit import atomic_file
+from ..format import confine as format_confine
 from .._jsonio import dumps, from_tagged, loads_strict, to_tagged
-from ..errors import FormatError
 
 #: The global metadata's file name in the checkpoint directory (DCP's own is ``.metadata``, a pickle).
 METADATA_NAME = ".metadata.json"
@@ -195,24 +195,17 @@ def holds(path, name: str) -> bool:
 def confine(path, name: str, what: str = "file") -> str:
     """``join(path, name)``, refused when it resolves (symlinks followed) outside the checkpoint directory.
 
-    The one confinement rule for every file of a checkpoint, shard
-    descriptors, their data files, the metadata and stock ``.distcp`` files
-    alike: the rule ``format.check_data_path`` applies to a data file, here
-    with the checkpoint directory as the only root (a link inside it is
-    followed). A URL has no links: it is returned as it is.
+    ``format.confine`` (the one confinement rule of every checkpoint
+    directory) for a checkpoint's files, shard descriptors, their data files,
+    the metadata and stock ``.distcp`` files alike. A URL has no links: it is
+    returned as it is.
 
     Raises:
         FormatError: the file resolves outside the directory (naming the file and where it leads).
     """
-    target = join(path, name)
     if _backends.is_remote(os.fspath(path)):
-        return target
-    root = os.path.realpath(_backends.localize(os.fspath(path)))
-    real = os.path.realpath(target)
-    if os.path.commonpath([root, real]) != root:
-        raise FormatError(f"{what} {name!r} resolves to {real!r}, outside the checkpoint directory {root!r} (a "
-                          "symlink): refused, every file of a checkpoint must lie inside it", file=target)
-    return target
+        return join(path, name)
+    return format_confine(_backends.localize(os.fspath(path)), name, what=what)
 
 
 def commit_metadata(path, doc: dict, *, durable: bool = True) -> None:
