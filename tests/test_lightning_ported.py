@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 import tensorlist as tl  # noqa: E402
 from tensorlist.lightning import TensorListAsyncCheckpointIO, TensorListCheckpointIO, load_from_checkpoint  # noqa: E402
-from tensorlist.record import read_training_record, weights_sha256  # noqa: E402
+from tensorlist.record import read_training_record, verify_model_file, weights_sha256  # noqa: E402
 
 PLUGINS = {"torch": TorchCheckpointIO, "tensorlist": TensorListCheckpointIO}
 #: Lightning's own warnings for a tiny run (few batches, no workers, no logger) say nothing about checkpoints.
@@ -115,6 +115,7 @@ def _provenance(path):
     tl.validate(path)
     record = read_training_record(path)
     assert record["weights"]["sha256"] == weights_sha256(tl.load(path, pointer="/state_dict"))
+    assert verify_model_file(path, pointer="/state_dict") == record  # what an auditor runs
     return record
 
 
@@ -265,3 +266,12 @@ def test_the_plugin_alone_records_provenance(tmp_path, monkeypatch):
         assert record["solver"]["solver_params"]["global_step"] == 2 * done
         assert record["optimizer"]["parameter_groups"][0]["initial_lr"] == 0.1
         assert record["optimizer"]["parameter_groups"][0]["parameters"] == ["#0", "#1"]
+    # a weight changed after saving: the auditor's check names the field
+    path = tmp_path / "epoch=1-step=4.ckpt"
+    doc = json.loads(path.read_text())
+    data = tmp_path / doc["state_dict"]["location"]
+    raw = bytearray(data.read_bytes())
+    raw[doc["state_dict"]["byteOffset"]] ^= 1
+    data.write_bytes(bytes(raw))
+    with pytest.raises(tl.FormatError, match="weights.sha256.*the weights were changed after saving"):
+        verify_model_file(path, pointer="/state_dict")

@@ -117,13 +117,16 @@ def is_torch_module(value) -> bool:
 def torch_to_numpy(tensor, where: str):
     """The tensor as a native-order numpy array, through the package's one torch bridge.
 
+    bfloat16/float8 come as bit carriers (hashed and saved as their type), so
+    a torch program's record never imports ml_dtypes.
+
     Raises:
         TypeError: a sparse, quantized or meta tensor, or a dtype tensorlist
             has no code for (naming ``where``).
     """
     from .._torch_bridge import to_numpy
 
-    return to_numpy(tensor, where)
+    return to_numpy(tensor, where, bits=True)
 
 
 # --------------------------------------------------------------------------

@@ -61,7 +61,7 @@ def _as_le_array(value, where: str) -> Tuple["_dtypes.DType", np.ndarray]:
 def _named_weights(weights) -> Tuple[int, Iterator[Tuple[str, Any]]]:
     """``(count, iterator of (name, tensor))`` for every accepted input form."""
     if isinstance(weights, (str, os.PathLike)):
-        weights = reader.load(weights, mmap=True)
+        weights = reader.load(weights, mmap=True, bits=True)  # names and bytes: no ml_dtypes
     elif is_torch_module(weights):
         weights = weights.state_dict()
     if isinstance(weights, Mapping):

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any, Optional, Tuple
 
 from ..errors import FormatError
+from .. import reader
 from ..format import Limits, read_json_bytes, read_json_file
 from ..schema import validate
 from ..writer import save
@@ -174,12 +175,13 @@ def save_model_file(path, weights, *, training: Mapping, dataset_params: Mapping
     return record
 
 
-def verify_model_file(path) -> TrainingRecord:
+def verify_model_file(path, *, pointer: Optional[str] = None) -> TrainingRecord:
     """Checks a model file for an auditor; returns its training record.
 
     Validates the file (``tensorlist.validate``), its training and data
     records, and that the record's ``weights.sha256`` is the hash of the
-    weights the file holds.
+    weights the file holds: its one tensor list, or in a document of several
+    (a Lightning checkpoint: ``pointer="/state_dict"``) the list at ``pointer``.
 
     Raises:
         FormatError: the first problem found, naming the field.
@@ -189,7 +191,7 @@ def verify_model_file(path) -> TrainingRecord:
     read_dataset_params(path)
     given = record["weights"]["sha256"]
     if given is not None:
-        actual = weights_sha256(path)
+        actual = weights_sha256(path if pointer is None else reader.load(path, pointer=pointer, bits=True))
         if actual != given:
             raise FormatError(
                 f"is {given!r} but the file's weights hash to {actual!r}: the weights were changed after saving",
