@@ -163,13 +163,22 @@ def check_rng_state(tensors: Any, meta: Any, *, file=None, field: str = "rng",
     return out, meta
 
 
+#: Settings of torch's optimizers that are numbers (a tensor for ``lr`` too) and flags (or null), whatever the class.
+_GROUP_NUMBERS = frozenset({"lr", "initial_lr", "weight_decay", "momentum", "dampening", "eps", "alpha", "lr_decay",
+                            "initial_accumulator_value", "rho", "lambd", "t0", "max_iter", "history_size"})
+_GROUP_FLAGS = frozenset({"nesterov", "amsgrad", "maximize", "foreach", "capturable", "differentiable", "fused",
+                          "centered", "decoupled_weight_decay"})
+
+
 def check_optimizer_dict(sd: Any, *, file=None, field: str = "optimizer") -> Mapping:
     """Checks a torch optimizer ``state_dict``'s structure; returns it.
 
     ``state``: an object keyed by integer parameter ids, each an object keyed
     by strings; ``param_groups``: a list of objects keyed by strings, each
     with ``params`` a list of integers, distinct across the groups, that
-    covers every key of ``state``.
+    covers every key of ``state``, and torch's usual settings (``lr``,
+    ``weight_decay``, ``momentum``, ``eps``..., flags such as ``amsgrad``) of
+    their types. :func:`check_like` compares the rest with a live optimizer.
     """
     if not isinstance(sd, Mapping):
         _fail(f"an optimizer state must be an object, got {short_repr(sd)}", file, field)
@@ -181,6 +190,11 @@ def check_optimizer_dict(sd: Any, *, file=None, field: str = "optimizer") -> Map
         at = f"{field}.param_groups[{i}]"
         if not isinstance(g, Mapping) or not all(isinstance(k, str) for k in g):
             _fail(f"a parameter group must be an object keyed by strings, got {short_repr(g)}", file, at)
+        for key, value in g.items():
+            if key in _GROUP_NUMBERS and not (_is_number(value) or type(value).__module__.startswith("torch")):
+                _fail(f"must be a number, got {short_repr(value)}", file, f"{at}.{key}")
+            if key in _GROUP_FLAGS and value is not None and not isinstance(value, bool):
+                _fail(f"must be a bool, got {short_repr(value)}", file, f"{at}.{key}")
         params = g.get("params")
         if not isinstance(params, list):
             _fail(f"must be a list of parameter ids, got {short_repr(params)}", file, f"{at}.params")
@@ -253,10 +267,13 @@ _SCHEDULER_KEYS = {"last_epoch": "integer", "_step_count": "integer", "base_lrs"
 
 
 def check_scheduler_keys(sd: Any, *, file=None, field: str = "lr_scheduler") -> Mapping:
-    """Checks an LR scheduler's state without the live scheduler: an object keyed by strings whose
-    well-known keys (``last_epoch``, ``_step_count``, ``base_lrs``, ``_last_lr``) have their types."""
+    """Checks an LR scheduler's state without the live scheduler: an object keyed by strings, without
+    ``optimizer``, whose well-known keys (``last_epoch``, ``_step_count``, ``base_lrs``, ``_last_lr``) have
+    their types."""
     if not isinstance(sd, Mapping) or not all(isinstance(k, str) for k in sd):
         _fail(f"a scheduler state must be an object keyed by strings, got {short_repr(sd)}", file, field)
+    if "optimizer" in sd:  # never saved: loading it would replace the scheduler's optimizer
+        _fail("a scheduler state holds no 'optimizer'", file, f"{field}.optimizer")
     for key, kind in _SCHEDULER_KEYS.items():
         if key not in sd:
             continue

@@ -30,6 +30,7 @@ import torch.distributed as dist
 from torch.optim.swa_utils import AveragedModel
 
 from .._states import check_like, check_rng_state
+from .._terminal import raw_stream
 from .._torch_bridge import from_numpy, state_to_numpy
 from ..errors import FormatError, short_repr
 from ..record import TrainingRecorder, save_model_file, weights_sha256
@@ -132,7 +133,7 @@ class Run:
         """A tqdm bar."""
         from tqdm.auto import tqdm  # an optional dependency: imported only when bars are on
 
-        return tqdm(iterable, **kw)
+        return tqdm(iterable, **{"file": raw_stream(sys.stderr), **kw})  # its "\r" raw under the CLI's escaping
 
     # --- start ------------------------------------------------------------------
     def start(self) -> None:
