@@ -218,9 +218,7 @@ def decode_checkpoint(doc: Any, *, map_location=None, allow_pickle: bool = False
 
     walked = walk(doc, "")
     try:
-        return from_tagged(walked, file=file)  # a malformed tag: FormatError naming the file
-    except FormatError:
-        raise
+        return from_tagged(walked, file=file)
     except (TypeError, ValueError) as e:  # a tag a writer of this module never makes
         raise FormatError(f"holds a tagged JSON value that does not read back ({short_repr(str(e))})",
                           file=file) from e
