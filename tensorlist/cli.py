@@ -15,6 +15,7 @@ from typing import List, Optional
 import numpy as np
 
 from . import __version__, _backends, _tree
+from ._terminal import EscapingStream
 from .errors import TensorListError
 from .format import find_tensor_lists, looks_like_list, read_json_file
 from .reader import Reader
@@ -653,10 +654,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     """Runs one command (``argv``, default ``sys.argv[1:]``) and returns its exit status.
 
     Every problem is one line on stderr (status 1; 2 for ``diff``, whose 1
-    means "different"). When the reader of stdout goes away (``| head``), the
+    means "different"). Everything printed goes through ``_terminal.escape_controls``. When the reader of stdout goes away (``| head``), the
     command stops quietly with :data:`EXIT_BROKEN_PIPE`, as Unix tools do.
     """
+    out, err = sys.stdout, sys.stderr
+    # the one output path: every byte printed (results, messages, warnings, argparse's) is escaped, so that no
+    # name, class name, tree kind or key path a file holds can drive the terminal (_terminal)
+    sys.stdout, sys.stderr = EscapingStream(out), EscapingStream(err)
     try:
         return _run(argv)
     except BrokenPipeError:  # stdout's (``_run`` reports any other), from a command or from --help
         return _reader_gone()
+    finally:
+        sys.stdout, sys.stderr = out, err

@@ -56,6 +56,7 @@ import torch
 from . import _hf_accelerate as checkpoint_dirs, _hf_record as trainer_state, reader, writer
 from ._commit import atomic_file
 from ._jsonio import dumps, from_tagged, loads_strict, to_tagged
+from ._states import check_like, check_rng_state, check_sampler_state
 from .errors import FormatError
 from .format import Limits, confine, read_json_file, read_regular, sha256_file
 from .loops.state import rng_state, set_rng_state
@@ -149,13 +150,16 @@ def _state_metadata(path, kind: str) -> Mapping:
     return meta
 
 
-def read_state_file(path, kind: str, *, with_tensors: bool = False) -> Any:
+def read_state_file(path, kind: str, *, with_tensors: bool = False, like: Any = None) -> Any:
     """The state :func:`save_state_file` wrote (FormatError naming the file when it is another kind).
 
     With ``with_tensors``: ``(state, tensors)``, the tensors as torch tensors
-    in private memory.
+    in private memory. With ``like`` (the live object's ``state_dict()``):
+    a state of other keys or JSON types is a FormatError naming the field.
     """
-    state = from_tagged(_state_metadata(path, kind)["state"])
+    state = from_tagged(_state_metadata(path, kind)["state"], file=os.fspath(path), where="metadata.state")
+    if like is not None:
+        check_like(state, like, file=os.fspath(path), field="metadata.state")
     if not with_tensors:
         return state
     return state, load_tensors(path, mmap=False)
@@ -166,14 +170,14 @@ def _save_rng(path, **extra) -> None:
     writer.save(path, tensors, metadata={"format": STATE_FORMAT, "kind": "rng", "state": meta, **extra})
 
 
-def _load_rng(path) -> Mapping:
+def _load_rng(path, *, restore: bool = True) -> tuple:
+    """(the file's metadata, the checked states); the generators take them unless ``restore`` is False."""
     meta = _state_metadata(path, "rng")
-    tensors = reader.load(os.fspath(path))
-    try:
-        set_rng_state(tensors, meta["state"])
-    except (KeyError, TypeError, ValueError) as e:
-        raise FormatError(f"not an RNG state: {e}", file=os.fspath(path), field="metadata.state") from e
-    return meta
+    states = check_rng_state(reader.load(os.fspath(path)), meta["state"], file=os.fspath(path),
+                             field="metadata.state", tensors_field="tensors")
+    if restore:
+        set_rng_state(*states)
+    return meta, states
 
 
 def _plain(obj):
@@ -446,19 +450,27 @@ def load_state(accelerator, input_dir=None, *, strict: bool = True) -> None:
                     for i, o in enumerate(accelerator._custom_objects)]
     scaler_path = None if accelerator.scaler is None else _checked(input_dir, files, "scaler.json")
     rng_path = _checked(input_dir, files, f"random_states_{accelerator.process_index}.json")
+    # every state read and checked (_states) before the first object takes one
+    opts = [(opt, load_optimizer_state(path, opt, restore=False)) for path, opt in opt_paths]
+    scheds = [(s, read_state_file(path, "scheduler", like=s.state_dict())) for path, s in sched_paths]
+    loaders = [(d, *check_sampler_state(*read_state_file(path, "sampler", with_tensors=True), _loader_state(d)[0],
+                                        file=path)) for path, d in loader_paths]
+    scaler = scaler_path and read_state_file(scaler_path, "scaler", like=accelerator.scaler.state_dict())
+    customs = [(obj, read_state_file(path, "custom")) for path, obj in custom_paths]
+    meta, rng = _load_rng(rng_path, restore=False)
     for path, model in model_paths:
         load_module_state(path, model, strict=strict)
-    for path, opt in opt_paths:
-        load_optimizer_state(path, opt)
-    for path, sched in sched_paths:
-        sched.load_state_dict(read_state_file(path, "scheduler"))
-    for path, loader in loader_paths:
-        _set_loader_state(loader, *read_state_file(path, "sampler", with_tensors=True))
+    for opt, sd in opts:
+        opt.load_state_dict(sd)
+    for sched, state in scheds:
+        sched.load_state_dict(state)
+    for loader, state, tensors in loaders:
+        _set_loader_state(loader, state, tensors)
     if scaler_path is not None:
-        accelerator.scaler.load_state_dict(read_state_file(scaler_path, "scaler"))
-    for path, obj in custom_paths:
-        obj.load_state_dict(read_state_file(path, "custom"))
-    meta = _load_rng(rng_path)
+        accelerator.scaler.load_state_dict(scaler)
+    for obj, state in customs:
+        obj.load_state_dict(state)
+    set_rng_state(*rng)
     if isinstance(meta.get("step"), int):
         accelerator.step = meta["step"]
 
@@ -601,6 +613,8 @@ def _trainer_class():
                     raise ValueError(f"No valid checkpoint found in output directory ({self.args.output_dir})")
             if resume_from_checkpoint:
                 refuse_pickles(resume_from_checkpoint)
+                if os.path.exists(self._rng_file(resume_from_checkpoint)):  # checked before the model is loaded
+                    _load_rng(self._rng_file(resume_from_checkpoint), restore=False)
                 record = read_training_record(confine(resume_from_checkpoint, MODEL_FILE))
                 read_json_file(confine(resume_from_checkpoint, "trainer_state.json"))  # transformers reads it plainly
                 self._tensorlist_start = {"optimizer": record["optimizer"],
@@ -677,7 +691,7 @@ def _trainer_class():
 
         def _rng_file(self, directory) -> str:
             name = "rng_state.json" if self.args.world_size <= 1 else f"rng_state_{self.args.process_index}.json"
-            return os.path.join(directory, name)
+            return confine(directory, name)
 
         def _save_rng_state(self, output_dir):
             os.makedirs(output_dir, exist_ok=True)
@@ -694,13 +708,16 @@ def _trainer_class():
             if checkpoint is None or not any(os.path.lexists(os.path.join(checkpoint, n))
                                              for n in (OPTIMIZER_FILE, SCHEDULER_FILE)):
                 return  # a save_only_model checkpoint: a fresh optimizer, as the stock Trainer
-            load_optimizer_state(confine(checkpoint, OPTIMIZER_FILE), self.optimizer)
-            self.lr_scheduler.load_state_dict(read_state_file(confine(checkpoint, SCHEDULER_FILE), "scheduler"))
+            sched = read_state_file(confine(checkpoint, SCHEDULER_FILE), "scheduler",
+                                    like=self.lr_scheduler.state_dict())
+            load_optimizer_state(confine(checkpoint, OPTIMIZER_FILE), self.optimizer)  # checked, then loaded
+            self.lr_scheduler.load_state_dict(sched)
 
         def _load_scaler(self, checkpoint):
             scaler = getattr(self.accelerator, "scaler", None)
             if checkpoint is not None and scaler is not None and os.path.exists(confine(checkpoint, SCALER_FILE)):
-                scaler.load_state_dict(read_state_file(confine(checkpoint, SCALER_FILE), "scaler"))
+                scaler.load_state_dict(read_state_file(confine(checkpoint, SCALER_FILE), "scaler",
+                                                       like=scaler.state_dict()))
 
         def _load_rng_state(self, checkpoint):
             if checkpoint is None:

@@ -70,6 +70,7 @@ from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
 
 from . import reader, writer
 from ._jsonio import from_tagged, to_tagged
+from ._states import check_lightning_states
 from ._torch_bridge import from_numpy
 from .dcp import TensorListReader, TensorListWriter
 from .errors import FormatError, short_repr
@@ -220,7 +221,7 @@ def decode_checkpoint(doc: Any, *, map_location=None, allow_pickle: bool = False
 
     walked = walk(doc, "")
     try:
-        return from_tagged(walked)
+        return from_tagged(walked, file=file)
     except (TypeError, ValueError) as e:  # a tag a writer of this module never makes
         raise FormatError(f"holds a tagged JSON value that does not read back ({short_repr(str(e))})",
                           file=file) from e
@@ -254,7 +255,8 @@ def _load_document(path, map_location, allow_pickle) -> dict:
     doc = reader.load_document(path, mmap=False)  # private memory: training updates tensors in place
     if not isinstance(doc, dict):
         raise FormatError("is not a Lightning checkpoint (not a JSON object)", file=path)
-    return decode_checkpoint(doc, map_location=map_location, allow_pickle=allow_pickle, file=path)
+    return check_lightning_states(decode_checkpoint(doc, map_location=map_location, allow_pickle=allow_pickle,
+                                                    file=path), file=path)
 
 
 def _data_files(path: str) -> List[str]:

@@ -7,7 +7,7 @@ mapping (used by ``nn.load_model_weights`` and the loops' resume too). The
 tensor conversion itself (``to_numpy``, ``from_numpy``, ``torch_dtype``) lives
 in ``_torch_bridge`` and is re-exported here. See docs/LOOPS.md.
 
-Imports ``_torch_bridge``, ``_staging``, ``_jsonio``, ``reader``, ``writer`` and ``record``.
+Imports ``_torch_bridge``, ``_staging``, ``_jsonio``, ``_states``, ``errors``, ``reader``, ``writer`` and ``record``.
 """
 from __future__ import annotations
 
@@ -21,7 +21,9 @@ import torch
 from . import reader, writer
 from ._jsonio import dumps, from_tagged, loads_strict, to_tagged
 from ._staging import load as staged_load, load_into_device
+from ._states import check_like, check_optimizer_dict
 from ._torch_bridge import from_numpy, state_to_numpy, to_numpy, torch_dtype
+from .errors import FormatError, short_repr
 
 __all__ = [
     "to_numpy", "from_numpy", "torch_dtype", "state_to_numpy", "module_state", "LoadResult", "match_state",
@@ -259,23 +261,49 @@ def optimizer_state_parts(state_dict: Mapping) -> Tuple[Dict[str, torch.Tensor],
     return tensors, meta
 
 
-def optimizer_state_from_parts(tensors: Mapping[str, torch.Tensor], meta: Mapping) -> dict:
-    """Rebuilds the ``state_dict`` that :func:`optimizer_state_parts` split."""
+def optimizer_state_from_parts(tensors: Mapping[str, torch.Tensor], meta: Mapping, *, file=None,
+                               field: str = "metadata.optimizer") -> dict:
+    """Rebuilds the ``state_dict`` that :func:`optimizer_state_parts` split, once its structure is checked.
+
+    Raises:
+        FormatError: ``meta`` is not an optimizer state's, or of the wrong
+            structure (``_states.check_optimizer_dict``), or a tensor it lists
+            is missing; naming ``file`` and the field.
+    """
     if not isinstance(meta, Mapping) or meta.get("format") != OPTIMIZER_STATE_FORMAT:
-        raise ValueError(f"not an optimizer state (expected metadata format {OPTIMIZER_STATE_FORMAT!r})")
+        raise FormatError(f"not an optimizer state (expected metadata format {OPTIMIZER_STATE_FORMAT!r})",
+                          file=file, field=f"{field}.format")
+    entries = meta.get("state")
+    if not isinstance(entries, list):
+        raise FormatError(f"must be a list, got {short_repr(entries)}", file=file, field=f"{field}.state")
     state = {}
-    for pid, tensor_keys, plain in meta["state"]:
-        pid = from_tagged(pid)
+    for i, item in enumerate(entries):
+        at = f"{field}.state[{i}]"
+        if not (isinstance(item, list) and len(item) == 3 and isinstance(item[1], list)
+                and all(isinstance(k, str) for k in item[1]) and isinstance(item[2], dict)):
+            raise FormatError(f"must be [parameter id, [tensor keys], {{values}}], got {short_repr(item)}",
+                              file=file, field=at)
+        pid, tensor_keys, plain = item
+        pid = from_tagged(pid, file=file, where=f"{at}[0]")
+        if not isinstance(pid, int) or isinstance(pid, bool) or pid in state:
+            raise FormatError(f"a parameter id must be an integer given once, got {short_repr(pid)}",
+                              file=file, field=f"{at}[0]")
         entry = {}
         for key in tensor_keys:
             name = f"state.{pid}.{key}"
             if name not in tensors:
-                raise ValueError(f"optimizer state: tensor {name!r} is missing")
+                raise FormatError(f"tensor {name!r} is missing", file=file, field=f"{at}[1]")
             entry[key] = tensors[name]
-        entry.update(from_tagged(plain))
+        entry.update(from_tagged(plain, file=file, where=f"{at}[2]"))
         state[pid] = entry
-    out = {"state": state, "param_groups": from_tagged(meta["param_groups"])}
-    out.update(from_tagged(meta.get("extra", {})))
+    out = {"state": state, "param_groups": from_tagged(meta.get("param_groups"), file=file,
+                                                       where=f"{field}.param_groups")}
+    extra = from_tagged(meta.get("extra", {}), file=file, where=f"{field}.extra")
+    if not isinstance(extra, dict) or set(extra) & {"state", "param_groups"}:
+        raise FormatError(f"must be an object of other keys, got {short_repr(extra)}", file=file,
+                          field=f"{field}.extra")
+    out.update(extra)
+    check_optimizer_dict(out, file=file, field=field)
     return out
 
 
@@ -301,39 +329,55 @@ def save_optimizer_state(path, optimizer, *, training: Optional[Mapping] = None,
     writer.save(path, state_to_numpy(tensors, bits=True), metadata=metadata, **save_options)
 
 
-def load_optimizer_state(path, optimizer=None, *, device=None, pointer: Optional[str] = None) -> dict:
+def load_optimizer_state(path, optimizer=None, *, device=None, pointer: Optional[str] = None,
+                         restore: bool = True) -> dict:
     """Reads an optimizer state file; loads it into ``optimizer`` when given.
 
     ``optimizer.load_state_dict`` copies and casts the tensors to its
     parameters' devices; the returned state_dict's tensors are zero-copy
-    views of the file on CPU (or copies on ``device``).
+    views of the file on CPU (or copies on ``device``). With ``restore=False``
+    the state is checked against ``optimizer`` but not loaded (a caller
+    checking several states before restoring any).
 
     Raises:
-        ValueError: the file is not an optimizer state, or it does not fit the
-            optimizer (another class, other groups or parameter counts); the
-            optimizer is then left unchanged.
+        FormatError: the file is not an optimizer state, or its metadata is
+            of the wrong structure or JSON types (naming the file and field).
+        ValueError: it does not fit the optimizer (another class, other groups
+            or parameter counts); the optimizer is then left unchanged.
     """
     with reader.Reader(path, pointer=pointer) as r:
         meta = r.metadata
     meta = meta.get("optimizer") if isinstance(meta, Mapping) else None
     if meta is None:
-        raise ValueError(f"{os.fspath(path)}: not an optimizer state file (no 'optimizer' in its metadata)")
+        raise FormatError("not an optimizer state file (no 'optimizer' in its metadata)", file=os.fspath(path),
+                          field="metadata.optimizer")
     # private, writable memory (one read, no extra copy): torch's
     # load_state_dict keeps tensors that already have the right dtype and
     # device, and the optimizer then updates them in place, which a read-only
     # mapping would not survive
     tensors = load_state(path, device=device, pointer=pointer, mmap=False)
-    sd = optimizer_state_from_parts(tensors, meta)
+    sd = optimizer_state_from_parts(tensors, meta, file=os.fspath(path))
     if optimizer is not None:
         check_optimizer_state(optimizer, sd, where=os.fspath(path))
-        optimizer.load_state_dict(sd)
+        if restore:
+            optimizer.load_state_dict(sd)
     return sd
 
 
 def check_optimizer_state(optimizer, sd: Mapping, *, where: str = "optimizer state") -> None:
-    """Raises ValueError when ``sd`` cannot belong to ``optimizer`` (groups, sizes, shapes, keys)."""
+    """Raises ValueError when ``sd`` cannot belong to ``optimizer`` (groups, sizes, shapes, keys).
+
+    A ``sd`` of the wrong structure, or whose group settings are not of the
+    JSON types the optimizer's own are (``_states.check_like``: ``lr`` a
+    string), is a FormatError naming ``where`` and the field.
+    """
+    check_optimizer_dict(sd, file=where, field="optimizer")
     groups = optimizer.param_groups
     saved = sd["param_groups"]
+    for i, (g, s) in enumerate(zip(groups, saved)):
+        for key, live in g.items():
+            if key != "params" and key in s and not isinstance(live, torch.Tensor):
+                check_like(s[key], live, file=where, field=f"optimizer.param_groups[{i}].{key}")
     if len(groups) != len(saved):
         raise ValueError(f"{where}: {len(saved)} parameter groups saved, the optimizer has {len(groups)}")
     params = []

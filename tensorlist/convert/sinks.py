@@ -23,6 +23,7 @@ import numpy as np
 from .._backends import is_remote, localize
 from .._commit import atomic_file, durable_replace, tmp_beside
 from .._jsonio import dumps
+from .._terminal import escape_controls, raw_stream
 from ..format import Limits, short_repr
 from ..writer import Writer
 from .dcp import DcpSource, write_dcp
@@ -50,8 +51,11 @@ class Progress:
             # a terminal that reports a 0 x 0 size (a fresh pty) would get no bar at all from tqdm;
             # Python < 3.11 returns that 0 x 0 as is rather than the fallback
             size = shutil.get_terminal_size((80, 24))
-            self.bar = tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024,
-                            file=sys.stderr, leave=True, ncols=size.columns or 80, nrows=size.lines or 24)
+            # the bar's own carriage returns go to the terminal as they are; the description (a file's name)
+            # is escaped as the CLI escapes all it prints
+            self.bar = tqdm(total=total, desc=escape_controls(desc), unit="B", unit_scale=True, unit_divisor=1024,
+                            file=raw_stream(sys.stderr), leave=True, ncols=size.columns or 80,
+                            nrows=size.lines or 24)
 
     def update(self, n: int) -> None:
         if self.bar is not None:

@@ -303,7 +303,7 @@ def read_checkpoint(path) -> dict:
     finally:
         for f in shared.values():
             f.close()
-    _untag_extension(doc)
+    _untag_extension(doc, path)
     return doc
 
 
@@ -328,12 +328,12 @@ def _text_entry(ckpt: Checkpoint, shards: Shards, key: str) -> Any:
     return loads_strict(text, file=f"{file} ({key})")
 
 
-def _untag_extension(doc: Mapping) -> None:
+def _untag_extension(doc: Mapping, file: str) -> None:
     ext = doc.get("tensorlist")
     if isinstance(ext, dict):
         for key in ("lrScheduler", "scheduleState", "swaScheduleState"):
             if ext.get(key) is not None:
-                ext[key] = from_tagged(ext[key])
+                ext[key] = from_tagged(ext[key], file=file, where=f"tensorlist.{key}")
 
 
 def read_sharded_loop_state(path, *, ranks: Optional[Sequence[int]] = None) -> Tuple[dict, Checkpoint]:
@@ -363,7 +363,7 @@ def read_sharded_loop_state(path, *, ranks: Optional[Sequence[int]] = None) -> T
                        if i is not None)
         wanted = saved if ranks is None else sorted(set(ranks) & set(saved))
         rng = {r: _text_entry(ckpt, shards, rng_key(r)) for r in wanted}
-    _untag_extension(doc)
+    _untag_extension(doc, path)
     if isinstance(doc.get("tensorlist"), dict):
         doc["tensorlist"]["rngByRank"] = rng
     return doc, ckpt

@@ -29,7 +29,10 @@ import torch
 import torch.distributed as dist
 from torch.optim.swa_utils import AveragedModel
 
+from .._states import check_like, check_rng_state
+from .._terminal import raw_stream
 from .._torch_bridge import from_numpy, state_to_numpy
+from ..errors import FormatError, short_repr
 from ..record import TrainingRecorder, save_model_file, weights_sha256
 from ..torch import check_optimizer_state, match_state, module_state, optimizer_state_from_parts, optimizer_state_parts
 from .batches import TrainingLoopContext, batch_stream, is_empty, stream_settings
@@ -37,7 +40,7 @@ from .checkpoint import (CHECKPOINT_TYPES, LOOP_STATE_FORMAT, dcp_ref, empty_sim
                          is_sharded_checkpoint, loop_document, phase_document, phase_parts, read_checkpoint,
                          read_sharded_loop_state, sharded_checkpoint_exists, state_from_phase, write_checkpoint)
 from .config import LoopConfig
-from .state import Events, State, seed_rngs, set_rng_state
+from .state import Events, State, check_rng_state_json, seed_rngs, set_rng_state
 
 __all__ = ["Run", "log"]
 
@@ -130,7 +133,7 @@ class Run:
         """A tqdm bar."""
         from tqdm.auto import tqdm  # an optional dependency: imported only when bars are on
 
-        return tqdm(iterable, **kw)
+        return tqdm(iterable, **{"file": raw_stream(sys.stderr), **kw})  # its "\r" raw under the CLI's escaping
 
     # --- start ------------------------------------------------------------------
     def start(self) -> None:
@@ -169,6 +172,19 @@ class Run:
             raise ValueError(f"{path}: no {LOOP_STATE_FORMAT!r} extension: a lamp checkpoint or one of "
                              "another program cannot be resumed exactly")
         groups = cfg.optimizer.param_groups
+        rates = ext.get("baseLearningRates")
+        check_like(rates, [0.0] * (len(rates) if isinstance(rates, list) else 0), file=path,
+                   field="tensorlist.baseLearningRates")
+        if not isinstance(ext.get("iteration", 0), int) or isinstance(ext.get("iteration"), bool):
+            raise FormatError(f"must be an integer, got {short_repr(ext.get('iteration'))}", file=path,
+                              field="tensorlist.iteration")
+        for part in phase_parts(doc):
+            if part is not None and (not isinstance(part, Mapping) or type(part.get("epoch")) is not int
+                                     or type(part.get("numberOfAveragedModels", 0)) is not int):
+                raise FormatError("a phase's epoch and numberOfAveragedModels must be integers", file=path,
+                                  field="epoch")
+        if cfg.lr_scheduler is not None and ext.get("lrScheduler") is not None:
+            check_like(ext["lrScheduler"], cfg.lr_scheduler.state_dict(), file=path, field="tensorlist.lrScheduler")
         if len(ext["baseLearningRates"]) != len(groups):
             raise ValueError(f"{path}: {len(ext['baseLearningRates'])} parameter groups saved, the optimizer has "
                              f"{len(groups)}")
@@ -177,6 +193,17 @@ class Run:
         simple_doc, swa_doc = phase_parts(doc)
         kind = "swa" if swa_doc is not None else "simple"
         return ext, kind, (swa_doc if swa_doc is not None else simple_doc), simple_doc
+
+    def _checked_rng(self, ext: Mapping, path: str, *, sharded: bool) -> tuple:
+        """The generator states to restore, checked: this rank's (else rank 0's) in a sharded checkpoint."""
+        if not sharded:
+            return check_rng_state(ext.get("rngTensors"), ext.get("rng"), file=path, field="tensorlist.rng",
+                                   tensors_field="tensorlist.rngTensors")
+        by_rank = ext.get("rngByRank") or {}
+        rank = self.rank if by_rank.get(self.rank) is not None else 0
+        if by_rank.get(rank) is None:
+            raise ValueError(f"{path}: the sharded checkpoint holds no generator states (no 'rng.0' entry)")
+        return check_rng_state_json(by_rank[rank], file=path, field=f"rng.{rank}")
 
     def restore(self, path: str) -> None:
         """Resumes from the checkpoint at ``path``: every check first, then model, optimizer, states, RNGs.
@@ -216,10 +243,13 @@ class Run:
                 raise ValueError(f"{path}: the checkpoint's optimizer list has no metadata (not written by "
                                  "tensorlist.loops)")
             opt_sd = optimizer_state_from_parts(
-                {k: from_numpy(np.asarray(a)) for k, a in phase["optimizer"].items()}, opt_meta)
+                {k: from_numpy(np.asarray(a)) for k, a in phase["optimizer"].items()}, opt_meta, file=path,
+                field="optimizer.metadata")
             check_optimizer_state(cfg.optimizer, opt_sd, where=path)
             if has_avg:
                 _check_model(self.module, phase["averagedModels"], path + " (averagedModels)")
+
+        rng = self._checked_rng(ext, path, sharded=store is not None)
 
         # every check passed: from here on the run takes the checkpoint's state
         if "training" in doc:
@@ -255,12 +285,7 @@ class Run:
                 else:
                     _load_model(self.averaged.module, phase["averagedModels"])
             self.averaged.n_averaged.fill_(state.number_of_averaged_models)
-        if store is not None:
-            from .sharded import restore_rng
-
-            restore_rng(ext["rngByRank"])
-        else:
-            set_rng_state(ext["rngTensors"], ext["rng"])
+        set_rng_state(*rng, file=path)
         log.info("resumed from %s after %d epochs", path, state.epoch)
 
     # --- events and learning rate -------------------------------------------------

@@ -14,7 +14,7 @@ resumed run draws the same numbers); :func:`rng_state_json` and
 rank stores in a sharded checkpoint); :func:`seed_rngs` seeds them for a fresh
 run. How a State becomes a checkpoint document is ``loops.checkpoint``.
 
-Imports numpy, torch and ``_torch_bridge`` only (no other module of ``loops``).
+Imports numpy, torch, ``_torch_bridge``, ``_states`` and ``errors`` only (no other module of ``loops``).
 """
 from __future__ import annotations
 
@@ -27,9 +27,12 @@ import numpy as np
 import torch
 
 from .._jsonio import array_index
+from .._states import check_rng_state
 from .._torch_bridge import from_numpy, to_numpy
+from ..errors import FormatError, short_repr
 
-__all__ = ["Events", "State", "rng_state", "set_rng_state", "rng_state_json", "set_rng_state_json", "seed_rngs"]
+__all__ = ["Events", "State", "rng_state", "set_rng_state", "rng_state_json", "set_rng_state_json",
+           "check_rng_state_json", "seed_rngs"]
 
 
 class Events(enum.Enum):
@@ -115,17 +118,20 @@ def rng_state() -> Tuple[Dict[str, np.ndarray], dict]:
     return tensors, meta
 
 
-def set_rng_state(tensors: Mapping[str, np.ndarray], meta: Mapping) -> None:
-    """Restores what :func:`rng_state` returned."""
-    torch.set_rng_state(from_numpy(np.array(tensors["torch"], dtype=np.uint8)))
+def set_rng_state(tensors: Mapping[str, np.ndarray], meta: Mapping, *, file=None, field: str = "rng") -> None:
+    """Restores what :func:`rng_state` returned, once all of it is checked (``_states.check_rng_state``:
+    FormatError naming ``file`` and the field, and no generator changed, when a part is of the wrong size
+    or type)."""
+    tensors, meta = check_rng_state(tensors, meta, file=file, field=field)
+    torch.set_rng_state(from_numpy(tensors["torch"]))
     # "cuda.<index>" keys are a checkpoint's text: converted by the one bounded index rule; others ignored
     cuda = sorted((i, v) for i, v in ((array_index(k[5:]) if k.startswith("cuda.") else None, v)
                                       for k, v in tensors.items()) if i is not None)
     if cuda and torch.cuda.is_available():
         for i, v in cuda[:torch.cuda.device_count()]:
-            torch.cuda.set_rng_state(from_numpy(np.array(v, dtype=np.uint8)), i)
+            torch.cuda.set_rng_state(from_numpy(v), i)
     kind, pos, has_gauss, cached = meta["numpy"]
-    np.random.set_state((kind, np.array(tensors["numpy"], dtype=np.uint32), pos, has_gauss, cached))
+    np.random.set_state((kind, tensors["numpy"], int(pos), int(has_gauss), float(cached)))
     version, internal, gauss = meta["random"]
     random.setstate((version, tuple(internal), gauss))
 
@@ -144,9 +150,19 @@ def rng_state_json() -> dict:
     return {"tensors": {k: np.asarray(v).tolist() for k, v in tensors.items()}, "meta": meta}
 
 
-def set_rng_state_json(value: Mapping) -> None:
-    """Restores what :func:`rng_state_json` returned (the JSON lists as the arrays they were)."""
-    set_rng_state({k: np.asarray(v) for k, v in value["tensors"].items()}, value["meta"])
+def check_rng_state_json(value: Any, *, file=None, field: str = "rng") -> tuple:
+    """The ``(tensors, meta)`` of :func:`rng_state_json`'s value, checked as :func:`set_rng_state` checks them."""
+    if not isinstance(value, Mapping) or not isinstance(value.get("tensors"), Mapping):
+        raise FormatError(f"an RNG state must be {{'tensors': {{...}}, 'meta': {{...}}}}, got {short_repr(value)}",
+                          file=file, field=field)
+    return check_rng_state(value["tensors"], value.get("meta"), file=file, field=f"{field}.meta",
+                           tensors_field=f"{field}.tensors")
+
+
+def set_rng_state_json(value: Mapping, *, file=None, field: str = "rng") -> None:
+    """Restores what :func:`rng_state_json` returned (the JSON lists as the arrays they were), once checked."""
+    tensors, meta = check_rng_state_json(value, file=file, field=field)
+    set_rng_state(tensors, meta, file=file, field=f"{field}.meta")
 
 
 def seed_rngs(seed: Optional[int]) -> None:
