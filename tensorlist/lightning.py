@@ -414,7 +414,10 @@ class _TensorListSharded(ABC):
         # one when it overwrote a directory in place), and meta.json, a copy for readers, is the newest
         name = META_PATTERN.format(token=self.broadcast(new_token()))  # type: ignore[attr-defined]
         rank0 = self.global_rank == 0  # type: ignore[attr-defined]
-        state = _sharded_state(checkpoint, self._model_key)  # what is left in checkpoint is the meta
+        # the record comes from the whole dict (its weights' hash stays null: no rank holds them all; the
+        # shards carry their CRC32Cs), then the tensors go to DCP and what is left is the meta
+        checkpoint = with_record(checkpoint)
+        state = _sharded_state(checkpoint, self._model_key)
         state[META_KEY] = name
         if rank0:
             _save_document(os.fspath(path / name), checkpoint, self.allow_pickle, self.encode)

@@ -219,6 +219,25 @@ def test_sharded_save_killed_in_place_keeps_the_previous_checkpoint(tmp_path, mo
     assert not path.exists()
 
 
+@pytest.mark.parametrize("make", [TensorListModelParallelStrategy,
+                                  lambda: TensorListFSDPStrategy(state_dict_type="sharded")],
+                         ids=["model_parallel", "fsdp"])
+def test_a_sharded_save_records_provenance_by_itself(tmp_path, make):
+    """No callback: the meta document carries the record a Lightning dict gives (weights' hash null: sharded)."""
+    from tensorlist.record import read_training_record
+
+    strategy, path = make(), tmp_path / "last.ckpt"
+    sgd = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.5)
+    checkpoint = {"state_dict": {"w": torch.ones(2)}, "optimizer_states": [sgd.state_dict()], "epoch": 1,
+                  "global_step": 6, "loops": {}}
+    strategy.save_checkpoint(checkpoint, path)
+    record = read_training_record(path / META_NAME)
+    assert record["weights"] == {"kind": "checkpoint", "epoch": 1, "validation": None, "sha256": None}
+    assert record["solver"]["solver_params"]["global_step"] == 6
+    assert record["optimizer"]["parameter_groups"][0]["initial_lr"] == 0.5
+    assert "training" not in checkpoint and "state_dict" in checkpoint  # the caller's dict is left as it was
+
+
 @ONE_PROCESS
 def test_sharded_directory_not_ours_uncommitted_or_truncated(tmp_path):
     import torch.distributed.checkpoint as dcp
