@@ -18,6 +18,9 @@
 # Interpreters come from pyenv (part of this machine image) or a pythonX.Y on PATH; a listed Python
 # that is missing fails the run. pytest's exit 5 (no test ran) is a failure. One summary line per leg
 # at the end; the exit status is non-zero if any leg failed.
+# Legs run PYTHONS_JOBS at a time (default 2: each leg's pytest is one process, so two share CI's two
+# cores), each in its own copy of the tree (an editable install builds the C core in place) and with
+# its output in its own log, printed whole when the leg ends.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -25,8 +28,9 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 ALL_LEGS=(3.9 3.10 3.12 3.13 notorch floors)
 LEGS=("${@:-${ALL_LEGS[@]}}")
 FAST=(-m "not slow")
-SUMMARY=()
+JOBS="${PYTHONS_JOBS:-2}"
 FAILED=0
+ROOT="$PWD"
 HOST_PYTHON="$(command -v python3)"  # runs .ci/floors.py (Python >= 3.11) outside the legs' venvs
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/tensorlist-pythons.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
@@ -50,12 +54,14 @@ interpreter() {
 leg() {
     local name="$1" want="$2" setup="$3"; shift 3
     local start=$SECONDS exe venv="$WORK/venv-$name" log="$WORK/pytest-$name.log" rc=0 torch result
+    local src="$WORK/src-$name" summary="$WORK/summary-$name"
     echo "=== pythons: leg $name (Python $want)"
     if ! exe="$(interpreter "$want")"; then
-        SUMMARY+=("$(printf '%-7s %-8s %-22s %s' "$name" "$want" "-" "FAILED: Python $want missing")")
-        FAILED=1
-        return
+        printf '%-7s %-8s %-22s %s\n' "$name" "$want" "-" "FAILED: Python $want missing" > "$summary"
+        return 1
     fi
+    mkdir -p "$src" && (cd "$ROOT" && tar --exclude=./.git --exclude=./.ci-venv -cf - .) | (cd "$src" && tar -xf -) &&
+        cd "$src" || rc=$?
     "$exe" -m venv "$venv" || rc=$?
     if [ $rc -eq 0 ]; then
         # shellcheck disable=SC1091
@@ -74,12 +80,14 @@ leg() {
         result="set-up failed (exit $rc)"
     fi
     command -v deactivate >/dev/null 2>&1 && deactivate
-    rm -rf "$venv"  # a venv with torch is 1-5 GB
+    cd "$ROOT"
+    rm -rf "$venv" "$src"  # a venv with torch is 1-5 GB
     local verdict="ok"
-    [ $rc -ne 0 ] && { verdict="FAILED"; FAILED=1; }
-    SUMMARY+=("$(printf '%-7s %-8s %-22s %-6s %5ds  pytest %s: %s' "$name" \
+    [ $rc -ne 0 ] && verdict="FAILED"
+    printf '%-7s %-8s %-22s %-6s %5ds  pytest %s: %s\n' "$name" \
         "$("$exe" -c 'import platform; print(platform.python_version())')" "$torch" "$verdict" \
-        $((SECONDS - start)) "${*:-(all)}" "$result")")
+        $((SECONDS - start)) "${*:-(all)}" "$result" > "$summary"
+    [ $rc -eq 0 ]
 }
 
 # The README's set-up commands (tests/test_readme.py checks they are the README's, verbatim).
@@ -100,15 +108,35 @@ floors() {
     pip check
 }
 
-for l in "${LEGS[@]}"; do
+run_leg() {  # one leg, its output to its own file, printed whole at its end
+    local l="$1" out="$WORK/out-$1.txt"
     case "$l" in
         3.9|3.10|3.12|3.13) leg "$l" "$l" readme_both "${FAST[@]}" ;;
         notorch) leg notorch 3.11 readme_no_torch ;;
         floors) leg floors 3.9 floors ;;
-        *) echo "pythons: unknown leg $l (legs: ${ALL_LEGS[*]})" >&2; FAILED=1 ;;
+    esac > "$out" 2>&1
+    local rc=$?
+    cat "$out"
+    return $rc
+}
+
+for l in "${LEGS[@]}"; do
+    case "$l" in
+        3.9|3.10|3.12|3.13|notorch|floors) ;;
+        *) echo "pythons: unknown leg $l (legs: ${ALL_LEGS[*]})" >&2; exit 1 ;;
     esac
 done
+start=$SECONDS
+pids=()
+for l in "${LEGS[@]}"; do
+    while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n || true; done
+    run_leg "$l" &
+    pids+=($!)
+done
+for p in "${pids[@]}"; do wait "$p" || FAILED=1; done
 
-echo "=== pythons: summary (leg, Python, torch, verdict, seconds, pytest)"
-printf 'pythons: %s\n' "${SUMMARY[@]}"
+echo "=== pythons: summary (leg, Python, torch, verdict, seconds, pytest; $JOBS at a time, $((SECONDS - start))s in all)"
+for l in "${LEGS[@]}"; do
+    if [ -s "$WORK/summary-$l" ]; then sed 's/^/pythons: /' "$WORK/summary-$l"; else echo "pythons: $l: no summary (FAILED)"; FAILED=1; fi
+done
 exit $FAILED
