@@ -34,6 +34,7 @@ so a command that fails is an error, not a fast time.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -73,14 +74,14 @@ def run_once(argv, env, expect: str) -> float:
 
 
 #: (label, target ratio to the safetensors row above it or None, code timed after ``import torch``)
-_TOUCH = "for t in sd.values(): t.view(torch.uint8).reshape(-1)[::4096].sum()"
+_TOUCH = "\nfor t in sd.values(): t.view(torch.uint8).reshape(-1)[::4096].sum()"
 TORCH_ROWS = (
     ("import safetensors.torch", None, "import safetensors.torch"),
     ("import tensorlist.torch", 3.0, "import tensorlist.torch"),
     ("safetensors first load_file", None,
-     "import safetensors.torch; sd = safetensors.torch.load_file({st!r}); " + _TOUCH),
+     "import safetensors.torch; sd = safetensors.torch.load_file({st!r})" + _TOUCH),
     ("tensorlist first load_state", 2.0,
-     "import tensorlist.torch; sd = tensorlist.torch.load_state({tl!r}); " + _TOUCH),
+     "import tensorlist.torch; sd = tensorlist.torch.load_state({tl!r})" + _TOUCH),
 )
 
 
@@ -154,7 +155,10 @@ def main(argv=None) -> int:
         for _ in range(args.runs):
             for label, _, argv_, expect in cmds:
                 times[label].append(run_once(argv_, env, expect))
-        torch_missed = 0 if args.no_torch else torch_table(tmp, env, args.runs)
+        have = all(importlib.util.find_spec(m) for m in ("torch", "safetensors"))
+        if not have and not args.no_torch:
+            print("(the torch program rows need torch and safetensors: skipped)")
+        torch_missed = torch_table(tmp, env, args.runs) if have and not args.no_torch else 0
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -1,4 +1,5 @@
 """Smoke test of the I/O benchmark: it runs end to end and prints its tables (no timing checks)."""
+import importlib.util
 import json
 import os
 import re
@@ -73,6 +74,10 @@ def test_bench_startup_runs_and_prints_ratios(tmp_path):
     report = json.loads(out_json.read_text())
     assert report["runs"] == 1 and list(report["commands"]) == rows
     assert [c["target"] for c in report["commands"].values()] == [None, 1.5, 2.5, 3.0]
+    if importlib.util.find_spec("torch") and importlib.util.find_spec("safetensors"):  # a torch program's rows
+        for row, target in (("import tensorlist.torch", "<= 3x"), ("tensorlist first load_state", "<= 2x")):
+            line = next(l for l in proc.stdout.splitlines() if l.startswith(row))
+            assert re.search(r"\d+\.\dms +\d+\.\dms +\d+\.\d\dx", line) and target in line, proc.stdout
     assert not [p for p in os.listdir(tmp_path) if p.startswith("tensorlist-startbench-")]
 
 

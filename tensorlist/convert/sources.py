@@ -190,8 +190,10 @@ class SafetensorsFile:
                 fail(f"safetensors dtype {st} ({ST_NOT_HERE[st]}) has no tensorlist dataType: it has no torch "
                      "ScalarType code, and tensorlist stores whole-byte elements", "dtype")
             row = _dtypes.from_name(ST_DTYPES[st])
-            shape = packed_shape(st, t["shape"]) if isinstance(t["shape"], list) else t["shape"]
-            if shape is None:
+            shape = t["shape"]
+            if st in ST_PACKED and isinstance(shape, list):  # values counted, packed several to an element here
+                shape = packed_shape(st, shape)
+            if shape is None and st in ST_PACKED:
                 fail(f"shape {short_repr(t['shape'])} of {st} must end with a dim divisible by {ST_PACKED[st]} "
                      f"(values are stored {ST_PACKED[st]} to a byte, as {row.name})", "shape")
             nbytes = check_shape(shape, row, file=path, index=i, name=name)
