@@ -276,7 +276,10 @@ def _training_lines(record) -> List[str]:
                  f"parameters {_code(solver['solver_params'])}")
     initial = record["initial_weights"]
     origin = initial.get("origin")
-    text = f"- Initial weights: from {_code(initial['from'])}, weights_sha256 {_code(record['initial_weights_sha256'])}"
+    text = f"- Initial weights: from {_code(initial['from'])}"
+    if initial.get("file") is not None:
+        text += f" {_code(initial['file'])}"
+    text += f", weights_sha256 {_code(record['initial_weights_sha256'])}"
     if origin is not None:
         text += f"; origin {_code(origin['file'])} (weights_sha256 {_code(origin['weights_sha256'])})"
     lines.append(text)
