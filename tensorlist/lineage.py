@@ -185,10 +185,10 @@ def lineage(path, *, root=None, allow_outside: bool = False, max_depth: int = MA
         TypeError, ValueError: a bad argument.
         ImportError: a key was given but ``tensorlist.signing`` cannot be imported.
 
-    Example:
-        >>> chain = lineage("runs/ft2/final.tl", root="runs")  # doctest: +SKIP
-        >>> [link.file for link in chain.check().links]        # doctest: +SKIP
-        ['runs/ft2/final.tl', 'runs/ft1/final.tl', 'runs/base/final.tl']
+    Example (docs/PROVENANCE_LINEAGE.md shows the output)::
+
+        chain = lineage("runs/ft2/final.tl", root="runs").check()
+        [link.file for link in chain.links]   # the model, its origin, the origin's origin
     """
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"lineage: expected the path of a model file, got {type(path).__qualname__}")

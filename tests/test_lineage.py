@@ -293,3 +293,30 @@ def test_bad_arguments():
         lineage("s3://bucket/x.tl")
     run = _cli("lineage", "s3://bucket/x.tl")
     assert run.returncode == 1 and "tensorlist lineage: error:" in run.stderr
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "data file"])
+def test_an_origin_that_is_not_a_model_file(chain, kind):
+    """A FIFO (never blocks), a directory, or the data file in place of the descriptor: a broken link, named."""
+    os.unlink(chain.ft1)
+    if kind == "fifo":
+        os.mkfifo(chain.ft1)
+        match = "not a regular file: it is a FIFO"
+    elif kind == "directory":
+        os.mkdir(chain.ft1)
+        match = "not a regular file: it is a directory"
+    else:
+        data = [n for n in os.listdir(os.path.dirname(chain.ft1)) if n.endswith(".data")][0]
+        shutil.copyfile(os.path.join(os.path.dirname(chain.ft1), data), chain.ft1)
+        match = "descriptor is not UTF-8"
+    _expect_broken(chain.ft2, 1, match, root=chain.runs)
+
+
+def test_a_key_without_the_signing_module_is_one_clear_error(chain, monkeypatch):
+    """Signatures found and a key given, but tensorlist.signing cannot be imported: say which extra, not 'verified'."""
+    with open(chain.ft1 + ".sig", "w") as f:
+        f.write("{}")
+    monkeypatch.setitem(sys.modules, "tensorlist.signing", None)  # import fails, as without the [sign] extra
+    monkeypatch.delattr(tensorlist, "signing", raising=False)
+    with pytest.raises(ImportError, match=r"tensorlist\[sign\]"):
+        lineage(chain.ft2, root=chain.runs, public_key="team.pub")
