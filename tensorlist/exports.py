@@ -357,11 +357,18 @@ def export(path, *, cyclonedx=None, model_card_path=None) -> List[str]:
         model_card_path: where to write the model card (Markdown), or None.
 
     Raises:
-        ValueError: neither output asked for.
+        ValueError: neither output asked for, both to one path, or an output that is a file of the model.
         FormatError, OSError: as :func:`cyclonedx_bom` and :func:`model_card`; nothing is written then.
     """
     if cyclonedx is None and model_card_path is None:
         raise ValueError("export: ask for at least one output (cyclonedx= or model_card_path=)")
+    targets = [os.path.abspath(os.fsdecode(o)) for o in (cyclonedx, model_card_path) if o is not None]
+    if len(set(targets)) < len(targets):
+        raise ValueError(f"export: the CycloneDX BOM and the model card would both be written to {targets[0]!r}")
+    protected = [p for _, p in model_files(path)]
+    for out in targets:
+        if any(os.path.exists(out) and os.path.samefile(out, p) for p in protected):
+            raise ValueError(f"export: {out!r} is a file of the model itself: refused, it would be overwritten")
     facts = _verified(path)  # one verification and one hash of each file, for both outputs
     outputs = []
     if cyclonedx is not None:  # both made before either is written: a failure leaves no half export

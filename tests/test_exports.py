@@ -203,3 +203,15 @@ def test_a_file_without_record_is_refused(tmp_path):
     tensorlist.save(path, WEIGHTS)
     with pytest.raises(FormatError, match="no training record"):
         cyclonedx_bom(path)
+
+
+def test_an_export_never_overwrites_the_model_or_itself(tmp_path):
+    path = _model(tmp_path)
+    before = {p: open(p, "rb").read() for _, p in model_files(path)}
+    for _, target in model_files(path):
+        run = _cli("export", path, "--cyclonedx", target)
+        assert run.returncode == 1 and "a file of the model itself" in run.stderr
+    with pytest.raises(ValueError, match="both be written to"):
+        export(path, cyclonedx=tmp_path / "x", model_card_path=tmp_path / "x")
+    assert {p: open(p, "rb").read() for p in before} == before
+    assert not (tmp_path / "x").exists()
