@@ -207,6 +207,8 @@ def lineage(path, *, root=None, allow_outside: bool = False, max_depth: int = MA
         def broken(reason: str) -> Lineage:
             return Lineage(tuple(links), BrokenLink(index, file, reason))
 
+        if "\x00" in file:  # no system call takes it (ValueError): a name no file can have
+            return broken(f"names no possible file: {recorded if index else file!r} holds a NUL character")
         real = os.path.realpath(file)
         if index > 0 and not allow_outside and not inside(real, root_dir):
             return broken(f"origin {recorded!r} resolves to {real!r}, outside the allowed root {root_dir!r} "
@@ -252,7 +254,7 @@ def lineage(path, *, root=None, allow_outside: bool = False, max_depth: int = MA
         if index + 1 > max_depth:
             file = origin["file"]
             index += 1
-            return broken(f"the chain is deeper than {max_depth} links: refused")
+            return broken(f"the chain goes more than {max_depth} origins deep (max_depth): refused")
         recorded, expected = origin["file"], origin["weights_sha256"]
         if _backends.is_url(recorded):
             file = recorded

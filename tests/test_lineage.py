@@ -213,7 +213,7 @@ def test_a_chain_deeper_than_the_limit(tmp_path):
         save_model_file(path, w, training=_fine_tune_record(prev, str(tmp_path)), dataset_params=DATA)
         prev = path
     assert len(lineage(prev, root=str(tmp_path)).check().links) == 5
-    _expect_broken(prev, 3, "deeper than 2 links", root=str(tmp_path), max_depth=2)
+    _expect_broken(prev, 3, "more than 2 origins deep", root=str(tmp_path), max_depth=2)
     assert MAX_LINEAGE_DEPTH >= 5
 
 
@@ -244,6 +244,9 @@ def test_url_origins_and_hostile_recorded_names(chain, tmp_path):
     assert "\x1b" not in run.stderr and "\x07" not in run.stderr and "\u202e" not in run.stderr
     assert "\\x1b" in run.stderr and "\\u202e" in run.stderr
     assert len(run.stderr.strip().splitlines()) == 1  # the newline in the name is escaped too
+    rec["initial_weights"] = {"from": None, "origin": {"file": "a\x00b.tl", "weights_sha256": "a" * 64}}
+    save_model_file(child, w, training=rec, dataset_params=DATA)
+    _expect_broken(child, 1, "holds a NUL character")
 
 
 def test_signatures_are_found_and_checked_through_the_signing_hook(chain, tmp_path, monkeypatch):
