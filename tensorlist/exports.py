@@ -165,9 +165,9 @@ def _bom(facts: tuple) -> dict:
     for role, d in _datasets(record, data):
         props = []
         _flatten(d, "", props)
-        datasets.append({"type": "dataset", "name": _dataset_name(role, d),
-                         "contents": {"properties": [{"name": f"{PROPERTY_PREFIX}{role}:{k}", "value": v}
-                                                     for k, v in props if k]}})
+        datasets.append({"type": "dataset", "name": _dataset_name(role, d), "contents": {"properties": [
+            {"name": f"{PROPERTY_PREFIX}role", "value": role},
+            *({"name": f"{PROPERTY_PREFIX}dataset_params:{k}", "value": v} for k, v in props if k)]}})
     history = _history_summary(record["history"])
     metrics = []
     if history["training_loss.last"] is not None:

@@ -78,7 +78,10 @@ def test_cyclonedx_bom_is_valid_and_names_files_datasets_and_settings(tmp_path):
     card = model["modelCard"]
     datasets = card["modelParameters"]["datasets"]
     assert [d["name"] for d in datasets] == ["LIDC-IDRI", "val"] and {d["type"] for d in datasets} == {"dataset"}
-    assert _props(datasets[0]["contents"]["properties"])["tensorlist:training:content_hash.sha256"] == "b" * 64
+    first = _props(datasets[0]["contents"]["properties"])
+    assert first["tensorlist:dataset_params:content_hash.sha256"] == "b" * 64
+    assert first["tensorlist:role"] == "training" and first["tensorlist:dataset_params:samples"] == "1000"
+    assert _props(datasets[1]["contents"]["properties"])["tensorlist:role"] == "validation"
     settings = _props(card["properties"])
     assert settings["tensorlist:training:optimizer.class"] == "torch.optim.adam.Adam"
     assert settings["tensorlist:training:optimizer.hyperparameters.betas"] == "[0.9,0.999]"
