@@ -14,7 +14,7 @@ from typing import List, Optional
 
 import numpy as np
 
-from . import __version__, _backends, _tree
+from . import __version__, _backends, _provenance_cli, _tree
 from ._terminal import EscapingStream
 from .errors import TensorListError
 from .format import find_tensor_lists, looks_like_list, read_json_file
@@ -591,6 +591,24 @@ def build_parser() -> argparse.ArgumentParser:
                     "(needs matplotlib: pip install 'tensorlist[plot]')")
     rc.add_argument("--json", action="store_true", help="print the whole record as JSON")
     rc.set_defaults(func=cmd_record)
+
+    ln = sub.add_parser("lineage", help="follow a model file's chain of origins, checking every link",
+                        epilog=_provenance_cli.LINEAGE_EXAMPLES, formatter_class=raw)
+    ln.add_argument("model")
+    ln.add_argument("--root", help="directory every origin must lie under (default: MODEL's directory)")
+    ln.add_argument("--allow-outside", action="store_true", help="follow origins outside --root")
+    ln.add_argument("--max-depth", type=int, help="most origins followed (default: lineage.MAX_LINEAGE_DEPTH, 64)")
+    ln.add_argument("--public-key", metavar="PUBLIC.pem", help="verify each signature found beside a file")
+    ln.add_argument("--require-signatures", action="store_true", help="a file without a signature breaks the chain")
+    ln.add_argument("--json", action="store_true", help="machine-readable output")
+    ln.set_defaults(func=_provenance_cli.cmd_lineage)
+
+    ex = sub.add_parser("export", help="write a model file's record as a CycloneDX 1.6 ML-BOM or a model card",
+                        epilog=_provenance_cli.EXPORT_EXAMPLES, formatter_class=raw)
+    ex.add_argument("model")
+    ex.add_argument("--cyclonedx", metavar="OUT.json", help="write a CycloneDX 1.6 JSON BOM")
+    ex.add_argument("--model-card", metavar="OUT.md", help="write a Hugging Face model card")
+    ex.set_defaults(func=_provenance_cli.cmd_export)
     return p
 
 

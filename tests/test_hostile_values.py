@@ -177,3 +177,27 @@ def test_any_value_anywhere_in_a_training_record_is_read_or_a_format_error(tmp_p
     for ptr, name, bad in _mutations(record):
         tl.save(path, {"w": np.ones(2, np.float32)}, metadata={"training": bad})
         _assert_own_error_or_success(lambda: read_training_record(str(path)), f"{ptr} := {name}")
+
+
+MODEL_FILE_READERS = {
+    "verify_model_file": lambda p: __import__("tensorlist.record", fromlist=["x"]).verify_model_file(p),
+    "lineage": lambda p: __import__("tensorlist.lineage", fromlist=["x"]).lineage(p),
+    "cyclonedx_bom": lambda p: __import__("tensorlist.exports", fromlist=["x"]).cyclonedx_bom(p),
+    "model_card": lambda p: __import__("tensorlist.exports", fromlist=["x"]).model_card(p),
+}
+
+
+@pytest.mark.parametrize("reader", sorted(MODEL_FILE_READERS))
+def test_any_value_anywhere_in_a_model_file_s_records_is_read_or_a_format_error(tmp_path, reader):
+    """The training and data records of a model file whose weights match, through every reader of model files."""
+    from _record_support import full_record
+    from tensorlist.record import weights_sha256
+
+    weights = {"w": np.ones(2, np.float32)}
+    record = full_record()
+    record["weights"]["sha256"] = weights_sha256(weights)
+    meta = {"training": record, "dataset_params": {"name": "d", "files": ["a", "b"], "size": {"n": 2}}}
+    path = tmp_path / "m.tl"
+    for ptr, name, bad in _mutations(meta):
+        tl.save(path, weights, metadata=bad)
+        _assert_own_error_or_success(lambda: MODEL_FILE_READERS[reader](str(path)), f"{ptr} := {name}")

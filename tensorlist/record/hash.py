@@ -188,10 +188,15 @@ def dataset_content_hash(arrays) -> dict:
     return {"method": "weights_sha256", "sha256": weights_sha256(arrays)}
 
 
-def model_file_origin(path) -> dict:
+def model_file_origin(path, *, relative_to=None) -> dict:
     """``initial_weights.origin`` for weights loaded from the model file ``path``.
 
     Returns ``{"file": path as given, "weights_sha256": hash of the file's weights}``
     (the hash is computed from the weights, not trusted from the file's record).
+    With ``relative_to`` (the directory the new model files are saved in),
+    ``file`` is the path from there, as ``tensorlist.lineage`` resolves it, so
+    the chain still resolves once both directories are moved together.
     """
-    return {"file": os.fsdecode(path), "weights_sha256": weights_sha256(path)}
+    path = os.fsdecode(path)
+    shown = path if relative_to is None else os.path.relpath(path, os.fsdecode(relative_to))
+    return {"file": shown, "weights_sha256": weights_sha256(path)}
