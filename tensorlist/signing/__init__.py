@@ -21,8 +21,9 @@ from typing import Dict, Optional, Sequence
 
 from .bundle import SignatureError
 from .model import signed_files, verify_files
+from .provenance import BUILD_TYPE, SLSA_PREDICATE
 
-__all__ = ["sign", "verify", "sign_saved", "SignatureError"]
+__all__ = ["sign", "verify", "sign_saved", "SignatureError", "BUILD_TYPE", "SLSA_PREDICATE"]
 
 
 def sign(path, *, private_key, signature, provenance=None, certificate_chain: Sequence = ()) -> Dict[str, str]:
