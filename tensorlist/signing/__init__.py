@@ -17,13 +17,17 @@ Example:
 """
 from __future__ import annotations
 
-from typing import Dict, Optional, Sequence
+import os
+from typing import Dict, List, Optional, Sequence
 
 from .bundle import SignatureError
 from .model import signed_files, verify_files
 from .provenance import BUILD_TYPE, SLSA_PREDICATE
 
-__all__ = ["sign", "verify", "sign_saved", "SignatureError", "BUILD_TYPE", "SLSA_PREDICATE"]
+#: what :func:`sign_saved` appends to a saved path for its signature and its attestation.
+SIGNATURE_SUFFIX, PROVENANCE_SUFFIX = ".sig", ".provenance.json"
+
+__all__ = ["sign", "verify", "sign_saved", "signature_files", "SignatureError", "BUILD_TYPE", "SLSA_PREDICATE"]
 
 
 def sign(path, *, private_key, signature, provenance=None, certificate_chain: Sequence = ()) -> Dict[str, str]:
@@ -68,17 +72,33 @@ def verify(path, *, public_key=None, certificate_chain: Sequence = (), signature
 
 
 def sign_saved(path, signing_key, *, certificate_chain: Sequence = (), provenance: bool = True) -> Optional[str]:
-    """The trainers' hook: signs what was just saved at ``path`` as ``path + ".sig"`` (and ``".provenance.json"``).
+    """The trainers' hook: signs what was just saved at ``path``; returns the signature's path.
 
-    A no-op returning None when ``signing_key`` is None. For a directory the
-    signature files are written beside it, not inside (the checkpoint's own
-    listing stays as the trainer wrote it).
+    A file (a model file, a checkpoint document) gets ``PATH.sig`` and
+    ``PATH.provenance.json`` beside it; a checkpoint directory gets
+    ``model.sig`` and ``model.provenance.json`` inside it (left out of the
+    signed set, as stock ``model_signing`` leaves its signature out), so the
+    signature goes wherever the checkpoint goes (rotation, copies). A no-op
+    returning None when ``signing_key`` is None.
     """
     if signing_key is None:
         return None
-    import os
     base = os.fspath(path).rstrip(os.sep)
-    sig = base + ".sig"
+    sig, prov = _signature_paths(base)
     sign(base, private_key=signing_key, signature=sig, certificate_chain=certificate_chain,
-         provenance=base + ".provenance.json" if provenance else None)
+         provenance=prov if provenance else None)
     return sig
+
+
+def _signature_paths(base: str):
+    if os.path.isdir(base):
+        return os.path.join(base, "model" + SIGNATURE_SUFFIX), os.path.join(base, "model" + PROVENANCE_SUFFIX)
+    return base + SIGNATURE_SUFFIX, base + PROVENANCE_SUFFIX
+
+
+def signature_files(path) -> List[str]:
+    """The signature and attestation :func:`sign_saved` wrote beside the file ``path`` that exist."""
+    base = os.fspath(path).rstrip(os.sep)
+    if os.path.isdir(base):
+        return []  # inside it: they go with it
+    return [p for p in _signature_paths(base) if os.path.isfile(p)]
