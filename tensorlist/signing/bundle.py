@@ -178,7 +178,11 @@ def trusted_key(bundle: dict, *, file, public_key=None, certificate_chain: Seque
                 raise FormatError(f"is not a PEM public key: {e}", file=os.fspath(public_key)) from e
         hint = material.get("publicKey", {}).get("hint") if isinstance(material.get("publicKey"), dict) else None
         if hint is None:
-            raise SignatureError(f"{file}: signed with a certificate, not a bare key: verify with certificate_chain=")
+            if "x509CertificateChain" in material:
+                raise SignatureError(f"{file}: signed with a certificate, not a bare key: verify with the "
+                                     "certificate chain's roots")
+            raise SignatureError(f"{file}: names no public key (no key hint, an older model_signing format): "
+                                 "re-sign it")
         if hint != key_hint(public_key):
             raise SignatureError(f"{file}: signed by another key (its key hint {hint!r} is not the public key's)")
         return public_key

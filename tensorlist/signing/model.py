@@ -54,8 +54,7 @@ def manifest_statement(name: str, files: Dict[str, str], ignored: Sequence[str])
 def signed_files(path, *, private_key, signature, provenance=None, certificate_chain=()) -> Dict[str, str]:
     """Hashes the model at ``path`` and writes its signature (and attestation); returns ``{name: sha256}``."""
     key = _bundle.Key(private_key, _bundle.certificate_list(certificate_chain))
-    root, _, single = collect(path)
-    ignored = [] if single else _inside_names(root, [signature, provenance])
+    ignored = _inside_names(path, [signature, provenance]) if os.path.isdir(path) else []
     root, names, single = collect(path, ignored)
     files = digests(root, names)
     _bundle.write_bundle(signature, key.sign_statement(manifest_statement(model_name(path), files, ignored)))
