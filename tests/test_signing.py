@@ -337,3 +337,21 @@ class TestHostileInput:
         os.mkfifo(model / "fifo")
         with pytest.raises(TensorListError, match="fifo.*not a regular file"):
             signing.verify(model, public_key=keys["pub"], signature=sig)
+
+
+def test_dcp_layout_checkpoint_directory(model, keys, tmp_path):
+    from tensorlist.convert import convert
+
+    ckpt = tmp_path / "ckpt"
+    with pytest.warns(UserWarning, match="metadata .* is not written"):  # the record stays in the model file
+        convert(str(model / "model.json"), str(ckpt), dst_format="dcp", progress=False)
+    names = sorted(str(p.relative_to(ckpt)) for p in ckpt.rglob("*") if p.is_file())
+    sig = str(tmp_path / "ckpt.sig")
+    r = _tl("sign", str(ckpt), "--key", keys["priv"], "--signature", sig)
+    assert r.returncode == 0 and f"signed {len(names)} files" in r.stdout, r.stderr
+    assert _stock("verify", "key", str(ckpt), "--signature", sig, "--public_key", keys["pub"]).returncode == 0
+    assert sorted(signing.verify(ckpt, public_key=keys["pub"], signature=sig)) == names
+    shard = next(p for p in ckpt.rglob("*.data"))
+    shard.write_bytes(shard.read_bytes()[:-1])
+    with pytest.raises(signing.SignatureError, match=shard.name):
+        signing.verify(ckpt, public_key=keys["pub"], signature=sig)
