@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from typing import Dict, List, Optional, Sequence
 
-from .bundle import SignatureError
+from ..errors import SignatureError
 from .model import signed_files, verify_files
 from .provenance import BUILD_TYPE, SLSA_PREDICATE
 

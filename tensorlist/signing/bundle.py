@@ -27,7 +27,7 @@ from typing import Any, List, Optional, Sequence
 
 from .._commit import atomic_file
 from .._jsonio import loads_strict
-from ..errors import FormatError, TensorListError
+from ..errors import FormatError, SignatureError
 from ..format import read_regular
 
 BUNDLE_MEDIA_TYPE = "application/vnd.dev.sigstore.bundle.v0.3+json"
@@ -36,10 +36,6 @@ STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 
 #: a bundle's size cap: a manifest line is ~150 bytes, so 64 MiB holds ~400k files.
 MAX_BUNDLE_BYTES = 64 << 20
-
-
-class SignatureError(TensorListError, ValueError):
-    """A signature or attestation that does not verify, or that cannot be read, naming the file."""
 
 
 def pae(payload: bytes) -> bytes:
@@ -57,7 +53,6 @@ class Key:
     def __init__(self, private_key, certificate_chain: Sequence = ()):
         from cryptography.hazmat.primitives import serialization
         from cryptography.hazmat.primitives.asymmetric import ec
-        from cryptography import x509
 
         if isinstance(private_key, (str, bytes, os.PathLike)):
             text = read_regular(private_key, 1 << 20, what="private key")
@@ -70,6 +65,7 @@ class Key:
         self.private = private_key
         self.certificates = []
         for c in certificate_chain:
+            from cryptography import x509
             if isinstance(c, x509.Certificate):
                 self.certificates.append(c)
             else:
@@ -117,11 +113,12 @@ def write_bundle(path, bundle: dict) -> None:
             f.write(text)
 
 
-def _field(obj: Any, key: str, kind, file, where: str):
+def _field(obj: Any, key: str, kind: type, file, where: str):
+    """``obj[key]``, refused unless it is a ``kind`` (a bundle's fields are checked before use)."""
     value = obj.get(key) if isinstance(obj, dict) else None
     if not isinstance(value, kind):
-        raise SignatureError(f"{file}: {where}{key} is {type(value).__name__ if value is not None else 'missing'}, "
-                             f"expected {kind.__name__ if isinstance(kind, type) else 'a ' + kind[0].__name__}")
+        got = "missing" if value is None else f"a JSON {type(value).__name__}"
+        raise SignatureError(f"{file}: {where}{key} is {got}, expected a JSON {kind.__name__}")
     return value
 
 

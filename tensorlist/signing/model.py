@@ -13,9 +13,8 @@ import hashlib
 import os
 from typing import Dict, List, Optional, Sequence
 
-from ..errors import FormatError
+from ..errors import FormatError, SignatureError
 from . import bundle as _bundle
-from .bundle import SignatureError
 from .files import check_name, collect, digests
 
 PREDICATE_TYPE = "https://model_signing/signature/v1.0"

@@ -22,9 +22,8 @@ import json
 import os
 from typing import Dict, Optional
 
-from ..errors import FormatError
+from ..errors import FormatError, SignatureError
 from . import bundle as _bundle
-from .bundle import SignatureError
 
 SLSA_PREDICATE = "https://slsa.dev/provenance/v1"
 #: tensorlist's SLSA build type: a training run described by tensorlist training records.
