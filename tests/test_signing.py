@@ -19,12 +19,10 @@ from cryptography.hazmat.primitives import hashes, serialization  # noqa: E402
 from cryptography.hazmat.primitives.asymmetric import ec  # noqa: E402
 from cryptography.x509.oid import NameOID  # noqa: E402
 
-import tensorlist  # noqa: E402
 from tensorlist import signing  # noqa: E402
 from tensorlist.errors import TensorListError  # noqa: E402
 from tensorlist.record import read_training_record, save_model_file  # noqa: E402
 from tensorlist.signing.bundle import Key, write_bundle  # noqa: E402
-from tensorlist.signing.model import manifest_statement  # noqa: E402
 
 from _record_support import full_record  # noqa: E402
 

@@ -23,7 +23,7 @@ import datetime
 import hashlib
 import json
 import os
-from typing import Any, List, Optional, Sequence
+from typing import Any, List, Sequence
 
 from .._commit import atomic_file
 from .._jsonio import loads_strict

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Sequence
 
 from ..errors import FormatError, SignatureError
 from . import bundle as _bundle
