@@ -32,3 +32,5 @@ if importlib.util.find_spec("orbax") is None or importlib.util.find_spec("jax") 
     collect_ignore += ["tensorlist/orbax.py"]
 if importlib.util.find_spec("lightning") is None:  # tensorlist.lightning needs lightning (and torch)
     collect_ignore += ["tensorlist/lightning.py"]
+if importlib.util.find_spec("cryptography") is None:  # tensorlist.signing's example makes a key (tensorlist[sign])
+    collect_ignore += ["tensorlist/signing"]

@@ -14,7 +14,7 @@ from typing import List, Optional
 
 import numpy as np
 
-from . import __version__, _backends, _provenance_cli, _tree
+from . import __version__, _backends, _provenance_cli, _sign_cli, _tree
 from ._terminal import EscapingStream
 from .errors import TensorListError
 from .format import find_tensor_lists, looks_like_list, read_json_file
@@ -609,6 +609,21 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--cyclonedx", metavar="OUT.json", help="write a CycloneDX 1.6 JSON BOM")
     ex.add_argument("--model-card", metavar="OUT.md", help="write a Hugging Face model card")
     ex.set_defaults(func=_provenance_cli.cmd_export)
+
+    sg = sub.add_parser("sign", help="sign a model directory, file or checkpoint (OpenSSF model signing)")
+    sg.add_argument("path")
+    sg.add_argument("--key", required=True, metavar="PRIVATE.pem", help="EC P-256/384/521 private key (PEM)")
+    sg.add_argument("--signature", required=True, metavar="SIG", help="the signature bundle to write")
+    sg.add_argument("--provenance", metavar="PROV", help="also write a signed SLSA attestation of the training records")
+    sg.add_argument("--certificate-chain", nargs="+", metavar="CERT.pem", help="signing certificate, then intermediates")
+    sg.set_defaults(func=_sign_cli.cmd_sign)
+    vf = sub.add_parser("verify", help="verify a model against its signature (and attestation)")
+    vf.add_argument("path")
+    vf.add_argument("--public-key", metavar="PUBLIC.pem", help="the signer's public key (PEM)")
+    vf.add_argument("--certificate-chain", nargs="+", metavar="CERT.pem", help="trusted root (and intermediate) certificates")
+    vf.add_argument("--signature", required=True, metavar="SIG")
+    vf.add_argument("--provenance", metavar="PROV", help="the attestation to check against the files' records")
+    vf.set_defaults(func=_sign_cli.cmd_verify)
     return p
 
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-__all__ = ["TensorListError", "FormatError", "ChecksumError", "UnsupportedDTypeError", "short_repr"]
+__all__ = ["TensorListError", "FormatError", "ChecksumError", "UnsupportedDTypeError", "SignatureError",
+           "short_repr"]
 
 
 class TensorListError(Exception):
@@ -72,6 +73,10 @@ def _rebuild_format_error(cls, reason, file, tensor_index, tensor_name, field):
 
 class ChecksumError(FormatError):
     """A tensor's bytes do not match the CRC32C stored in its descriptor."""
+
+
+class SignatureError(TensorListError, ValueError):
+    """A signature or attestation that does not verify or cannot be read (``tensorlist.signing``), naming the file."""
 
 
 class UnsupportedDTypeError(TensorListError, TypeError):

@@ -53,7 +53,7 @@ from typing import Any, Dict, List, Mapping, Optional
 
 import torch
 
-from . import _hf_accelerate as checkpoint_dirs, _hf_record as trainer_state, reader, writer
+from . import _hf_accelerate as checkpoint_dirs, _hf_record as trainer_state, _hf_signing, reader, writer
 from ._commit import atomic_file
 from ._jsonio import dumps, from_tagged, loads_strict, to_tagged
 from ._states import check_like, check_rng_state, check_sampler_state
@@ -289,7 +289,7 @@ def save_state(accelerator, output_dir=None, *, training=None, dataset_params: O
             beyond ``total_limit`` are removed once it is complete, and
             ``project_configuration.iteration`` moves on only then.
         training: the model files' training record: a
-            ``tensorlist.record.TrainingRecorder`` (its ``checkpoint`` record),
+            ``tensorlist.record.TrainingRecorder`` (its ``checkpoint`` record; its ``signing_key`` signs the save),
             a record, or None for one built from the first optimizer,
             scheduler and loader (no history: the loop is the caller's).
         dataset_params: the data record (default ``{}``).
@@ -307,6 +307,7 @@ def save_state(accelerator, output_dir=None, *, training=None, dataset_params: O
     _check_distributed(accelerator)
     with checkpoint_dirs.saving(accelerator, output_dir) as target:
         _write_state(accelerator, target, training, dataset_params)
+        _hf_signing.sign_state(accelerator, target, training)
     return target
 
 
@@ -589,13 +590,15 @@ def _trainer_class():
                 config) for ``from_pretrained`` beside each ``model.json``.
             eval_dataset_params: the record of the evaluation data (default:
                 the evaluation dataset's class name and length).
+            signing_key: an EC private key signing each ``checkpoint-N`` (docs/PROVENANCE.md).
             *args, **kwargs: ``transformers.Trainer``'s.
         """
 
         def __init__(self, *args, dataset_params: Optional[Mapping] = None,
                      initial_weights: Optional[Mapping] = None, export_safetensors: bool = False,
-                     eval_dataset_params: Optional[Mapping] = None, **kwargs):
+                     eval_dataset_params: Optional[Mapping] = None, signing_key=None, **kwargs):
             super().__init__(*args, **kwargs)
+            self.tensorlist_signing_key = signing_key
             self.tensorlist_eval_dataset_params = None if eval_dataset_params is None else dict(eval_dataset_params)
             self._tensorlist_best = False  # the model holds the best checkpoint's weights (load_best_model_at_end)
             self.tensorlist_dataset_params = None if dataset_params is None else dict(dataset_params)
@@ -651,6 +654,7 @@ def _trainer_class():
             self._tensorlist_kind = "checkpoint"
             try:
                 super()._save_checkpoint(model, trial)
+                _hf_signing.sign_checkpoint(self, trial)
             finally:
                 self._tensorlist_kind = "final"
 

@@ -77,6 +77,7 @@ from .errors import FormatError, short_repr
 from ._commit import new_token, own_locations
 from .format import confine, open_regular, read_json_file
 from .record import TrainingRecorder, read_training_record, validate_dataset_params, weights_sha256
+from .signing import sign_saved, signature_files
 from ._lightning_record import RECORD_KEYS, SOLVER, global_seed, with_record
 
 __all__ = [
@@ -290,10 +291,12 @@ class TensorListCheckpointIO(CheckpointIO):
         {'dir': 'runs'}
     """
 
-    def __init__(self, *, allow_pickle: bool = False, encode: Optional[Callable[[Any], Any]] = None) -> None:
+    def __init__(self, *, allow_pickle: bool = False, encode: Optional[Callable[[Any], Any]] = None,
+                 signing_key=None) -> None:
         super().__init__()
         self.allow_pickle = allow_pickle
         self.encode = encode
+        self.signing_key = signing_key  # each checkpoint signed: PATH.sig, PATH.provenance.json (PROVENANCE.md)
 
     def save_checkpoint(self, checkpoint: Dict[str, Any], path, storage_options: Optional[Any] = None) -> None:
         """Writes ``checkpoint`` to ``path`` atomically (the descriptor at ``path``, its data file beside it).
@@ -304,6 +307,7 @@ class TensorListCheckpointIO(CheckpointIO):
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} takes no storage_options")
         _save_document(os.fspath(path), checkpoint, self.allow_pickle, self.encode)
+        sign_saved(path, self.signing_key)
 
     def load_checkpoint(self, path, map_location: Optional[Any] = None,
                         weights_only: Optional[bool] = None) -> Dict[str, Any]:
@@ -331,6 +335,8 @@ class TensorListCheckpointIO(CheckpointIO):
         if os.path.islink(path):
             os.unlink(path)
             return
+        for name in signature_files(path):  # its signature goes with it
+            os.unlink(name)
         if os.path.isdir(path):  # a sharded checkpoint: its meta documents first
             for name in sorted(os.listdir(path)):
                 if name == META_NAME or _META_RE.fullmatch(name):

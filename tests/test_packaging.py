@@ -37,7 +37,7 @@ def _requirements(text: str, extra: str) -> list:
 
 
 def test_framework_floors_are_what_the_main_run_installs():
-    """The jax, orbax, mlx and tensorflow extras' floors are pinned exactly for Python 3.11 (.ci/run's Python).
+    """The jax, orbax, mlx, tensorflow and sign extras' floors are pinned exactly for Python 3.11 (.ci/run's Python).
 
     So the full suite runs on each framework's declared floor; the test extra installs the frameworks with
     the same floors (tensorflow-cpu standing for tensorflow on Linux).
@@ -54,7 +54,7 @@ def test_framework_floors_are_what_the_main_run_installs():
             pins[m.group(1).lower()] = m.group(2)
     test_extra = {re.split(r"[\[>=;\s]", r, 1)[0].lower(): r for r in _requirements(text, "test")}
     checked = 0
-    for extra in ("jax", "orbax", "mlx", "tensorflow", "lightning", "huggingface"):
+    for extra in ("jax", "orbax", "mlx", "tensorflow", "lightning", "huggingface", "sign"):
         for requirement in _requirements(text, extra):
             name, floor = re.match(r"([A-Za-z0-9_.-]+)>=([0-9][0-9A-Za-z.]*)\s*(;|$)", requirement).groups()[:2]
             if name in ("torch", "safetensors"):  # their floors are the torch and test extras', tested by the floors leg
@@ -66,4 +66,4 @@ def test_framework_floors_are_what_the_main_run_installs():
             else:
                 assert f">={floor}" in test_extra[pinned], (extra, requirement, test_extra[pinned])
             checked += 1
-    assert checked == 8
+    assert checked == 10

@@ -84,6 +84,7 @@ class LoopConfig:
     initial_weights: Optional[Mapping]
     solver_params: Mapping[str, Any]
     device: Any
+    signing_key: Any = None
 
     @property
     def solver(self) -> str:
@@ -170,6 +171,7 @@ class LoopConfig:
             handlers=types.MappingProxyType(handlers), progress=a["progress"], dataset_params=dataset_params,
             seed=a["seed"], initial_weights=a["initial_weights"],
             solver_params=types.MappingProxyType(solver_params), device=a["device"],
+            signing_key=a.get("signing_key"),
         )
 
 
@@ -210,6 +212,9 @@ ARGS_DOC = """
         handlers: ``{Events.X: fn or [fns]}``, each called as ``fn(state)``.
         progress: tqdm bars; None: only when stderr is a terminal.
         dataset_params: the training data's record (stored in every model file).
+        signing_key: an EC private key (PEM path or ``cryptography`` key): each
+            model file saved is signed, ``NAME.sig`` and ``NAME.provenance.json``
+            beside it (docs/PROVENANCE.md); None: nothing is signed.
         device: moves the model there; the default step moves each batch there.
         seed: seeds torch, numpy and ``random`` when a fresh run starts
             (a resumed run restores their states from the checkpoint); recorded.

@@ -34,6 +34,7 @@ from .._terminal import raw_stream
 from .._torch_bridge import from_numpy, state_to_numpy
 from ..errors import FormatError, short_repr
 from ..record import TrainingRecorder, save_model_file, weights_sha256
+from ..signing import sign_saved
 from ..torch import check_optimizer_state, match_state, module_state, optimizer_state_from_parts, optimizer_state_parts
 from .batches import TrainingLoopContext, batch_stream, is_empty, stream_settings
 from .checkpoint import (CHECKPOINT_TYPES, LOOP_STATE_FORMAT, dcp_ref, empty_simple, extension,
@@ -493,6 +494,7 @@ class Run:
         else:
             if self.rank == 0:
                 write_checkpoint(path, self.checkpoint_document())
+                sign_saved(path, self.cfg.signing_key)
             if self.distributed:
                 dist.barrier()
         if self.rank == 0:
@@ -522,6 +524,7 @@ class Run:
         if value is not None:
             rec["weights"]["validation"] = value
         save_model_file(path, state_to_numpy(weights, bits=True), training=rec, dataset_params=self.cfg.dataset_params)
+        sign_saved(path, self.cfg.signing_key)
         self.files[kind] = path
 
     def save_best(self) -> None:

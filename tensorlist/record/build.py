@@ -22,6 +22,7 @@ from typing import Any, List, Optional
 
 import numpy as np
 
+from .. import _backends
 from ._common import copy_json, int_or_none, is_torch_tensor, loaded_torch, name_of, warn, warn_unimportable
 from .core import FORMAT, WEIGHTS_KINDS, TrainingRecord, check_strict_json, history, validate_training_record
 from .hash import weights_sha256
@@ -449,6 +450,9 @@ class TrainingRecorder:
             sched.step()
             recorder.save("ckpt.json", model, kind="checkpoint", dataset_params=data)
         recorder.save("final.json", model, dataset_params=data)
+
+    ``signing_key=`` (an EC private key, PEM path or ``cryptography`` key)
+    signs each file :meth:`save` writes (docs/PROVENANCE.md).
     """
 
     def __init__(
@@ -467,6 +471,7 @@ class TrainingRecorder:
         validation_mode: str = "min",
         solver=None,
         solver_params: Optional[Mapping] = None,
+        signing_key=None,
     ) -> None:
         if validation_mode not in ("min", "max"):
             raise ValueError(f"validation_mode must be 'min' or 'max', got {validation_mode!r}")
@@ -483,6 +488,7 @@ class TrainingRecorder:
         self.validation_mode = validation_mode
         self.solver = solver
         self.solver_params = dict(solver_params or {})
+        self.signing_key = signing_key  # each save signed with it (tensorlist.signing.sign_saved)
         self.training_loss: List[Optional[float]] = []
         self.validation_values: List[Optional[float]] = []
         self.learning_rates: List[Any] = []
@@ -563,7 +569,14 @@ class TrainingRecorder:
 
     def save(self, path, weights, *, dataset_params: Mapping, kind: str = "final",
              epoch: Optional[int] = None, **save_options) -> TrainingRecord:
-        """Saves a model file of ``weights`` with this run's record; returns the record saved."""
-        return save_model_file(path, weights, training=self.record(kind, epoch=epoch),
-                               dataset_params=dataset_params, **save_options)
+        """Saves a model file of ``weights`` with this run's record; returns the record saved.
+
+        With the recorder's ``signing_key``, the file is then signed: ``path + ".sig"`` and
+        ``path + ".provenance.json"`` (docs/PROVENANCE.md).
+        """
+        record = save_model_file(path, weights, training=self.record(kind, epoch=epoch),
+                                 dataset_params=dataset_params, **save_options)
+        if self.signing_key is not None:
+            _backends.dispatch("sign", path)(path, self.signing_key)
+        return record
 
