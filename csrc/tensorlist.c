@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -673,6 +674,78 @@ int tl_pread_full(int fd, void *dst, uint64_t length, uint64_t offset, int nthre
         }
     }
     return TL_OK;
+}
+
+/* Pages of [offset, offset + length) of fd in the page cache (mincore over a
+ * temporary read-only mapping, 64 MiB at a time). */
+int tl_resident(int fd, uint64_t offset, uint64_t length, uint64_t *resident, uint64_t *pages,
+                int *err_no) {
+    uint64_t end;
+    if (!resident || !pages || !err_no) return TL_ERR_ARG;
+    if (__builtin_add_overflow(offset, length, &end) || end > (uint64_t)INT64_MAX) return TL_ERR_OVERFLOW;
+    *resident = *pages = 0;
+    *err_no = 0;
+    const uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), step = (uint64_t)64 << 20;
+    unsigned char *vec = malloc((size_t)(step / page));
+    if (!vec) return TL_ERR_NOMEM;
+    int rc = TL_OK;
+    for (uint64_t pos = offset - offset % page; pos < end && rc == TL_OK; pos += step) {
+        uint64_t m = end - pos < step ? end - pos : step;
+        void *addr = mmap(NULL, (size_t)m, PROT_READ, MAP_SHARED, fd, (off_t)pos);
+        if (addr == MAP_FAILED) {
+            *err_no = errno;
+            rc = TL_ERR_IO;
+            break;
+        }
+#if defined(__linux__)
+        int bad = mincore(addr, (size_t)m, vec);
+#else
+        int bad = mincore(addr, (size_t)m, (char *)vec);
+#endif
+        if (bad) {
+            *err_no = errno;
+            rc = TL_ERR_IO;
+        } else {
+            uint64_t k = (m + page - 1) / page;
+            for (uint64_t i = 0; i < k; i++) *resident += vec[i] & 1u;
+            *pages += k;
+        }
+        munmap(addr, (size_t)m);
+    }
+    free(vec);
+    return rc;
+}
+
+/* tl_pread_full through a second, O_DIRECT descriptor of the same file: the
+ * disk's DMA lands in dst and the page cache is neither filled nor copied
+ * from. offset, length and dst must be multiples of TL_DIRECT_ALIGN.
+ * TL_ERR_FALLBACK: no O_DIRECT here (not Linux, a filesystem without it):
+ * read the ordinary way. */
+int tl_pread_direct(int fd, void *dst, uint64_t length, uint64_t offset, int nthreads, int *err_no) {
+    if (!err_no || (length && !dst)) return TL_ERR_ARG;
+    *err_no = 0;
+    if (offset % TL_DIRECT_ALIGN || length % TL_DIRECT_ALIGN || (uintptr_t)dst % TL_DIRECT_ALIGN)
+        return TL_ERR_ALIGN;
+#if defined(__linux__) && defined(O_DIRECT)
+    char name[64];
+    struct stat a, b;
+    snprintf(name, sizeof name, "/proc/self/fd/%d", fd);
+    int dfd = open(name, O_RDONLY | O_DIRECT | O_CLOEXEC);
+    if (dfd < 0) return TL_ERR_FALLBACK;
+    /* the same file, not whatever the name now points to */
+    if (fstat(fd, &a) != 0 || fstat(dfd, &b) != 0 || a.st_dev != b.st_dev || a.st_ino != b.st_ino) {
+        close(dfd);
+        return TL_ERR_FALLBACK;
+    }
+    int rc = tl_pread_full(dfd, dst, length, offset, nthreads, err_no);
+    close(dfd);
+    if (rc == TL_ERR_IO && *err_no == EINVAL) return TL_ERR_FALLBACK; /* the filesystem refuses direct reads */
+    return rc;
+#else
+    (void)fd;
+    (void)nthreads;
+    return TL_ERR_FALLBACK;
+#endif
 }
 
 /* ------------------------------------------------------------------ memory */

@@ -110,6 +110,14 @@ int tl_write_items(int fd, tl_write_item *items, uint64_t n, uint64_t region_sta
 /* Reads [offset, offset + length) of fd into dst with nthreads parallel preads. */
 int tl_pread_full(int fd, void *dst, uint64_t length, uint64_t offset, int nthreads,
                   int *err_no);
+/* The same through an O_DIRECT descriptor of fd's file (Linux): offset, length
+ * and dst multiples of TL_DIRECT_ALIGN; TL_ERR_FALLBACK where direct reads are
+ * not available. */
+#define TL_DIRECT_ALIGN 4096
+int tl_pread_direct(int fd, void *dst, uint64_t length, uint64_t offset, int nthreads, int *err_no);
+/* How many pages of [offset, offset + length) of fd are in the page cache (mincore). */
+int tl_resident(int fd, uint64_t offset, uint64_t length, uint64_t *resident, uint64_t *pages,
+                int *err_no);
 
 /* Page-aligned anonymous memory, freed with tl_free. */
 int tl_alloc(uint64_t length, void **out, int *err_no);
@@ -127,7 +135,8 @@ uint32_t tl_crc32c(uint32_t crc, const void *data, uint64_t length);
 #define TL_CRC_ARM64 4           /* ARMv8 CRC32 extension, one stream */
 #define TL_CRC_ARM64_3WAY 5      /* ARMv8 CRC32, three streams joined with PMULL */
 #define TL_CRC_ARM64_3WAY_SOFT 6 /* ARMv8 CRC32, three streams joined by a software multiply */
-#define TL_CRC_IMPLS 7           /* codes are 0 .. TL_CRC_IMPLS - 1 */
+#define TL_CRC_AVX512 7          /* x86-64 AVX-512 VPCLMULQDQ folding, 256 bytes a round */
+#define TL_CRC_IMPLS 8           /* codes are 0 .. TL_CRC_IMPLS - 1 */
 
 /* CRC32C continuing `crc` through implementation `impl`; TL_ERR_ARG when this
  * build or CPU lacks it (or data is NULL with length > 0). */

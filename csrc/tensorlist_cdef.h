@@ -52,6 +52,10 @@ int tl_write_items(int fd, tl_write_item *items, uint64_t n, uint64_t region_sta
                    uint64_t region_end, int nthreads, int flags, int *err_no);
 int tl_pread_full(int fd, void *dst, uint64_t length, uint64_t offset, int nthreads,
                   int *err_no);
+#define TL_DIRECT_ALIGN 4096
+int tl_pread_direct(int fd, void *dst, uint64_t length, uint64_t offset, int nthreads, int *err_no);
+int tl_resident(int fd, uint64_t offset, uint64_t length, uint64_t *resident, uint64_t *pages,
+                int *err_no);
 int tl_alloc(uint64_t length, void **out, int *err_no);
 int tl_free(void *addr, uint64_t length);
 uint32_t tl_crc32c(uint32_t crc, const void *data, uint64_t length);
@@ -62,7 +66,8 @@ uint32_t tl_crc32c(uint32_t crc, const void *data, uint64_t length);
 #define TL_CRC_ARM64 4
 #define TL_CRC_ARM64_3WAY 5
 #define TL_CRC_ARM64_3WAY_SOFT 6
-#define TL_CRC_IMPLS 7
+#define TL_CRC_AVX512 7
+#define TL_CRC_IMPLS 8
 int tl_crc32c_impl(int impl, uint32_t crc, const void *data, uint64_t length, uint32_t *out);
 int tl_crc32c_impls(uint64_t length, uint32_t *available, int *chosen);
 int tl_crc32c_many(uint64_t n, const void *const *data, const uint64_t *lengths,

@@ -4,7 +4,9 @@ A :class:`DataFile` is one opened data file, checked once (confined to the
 descriptor's directory, a regular file, long enough for every list read from
 it) and then mapped read-only (zero-copy read-only views), mapped
 copy-on-write (zero-copy writable views whose writes never reach the file) or
-kept as an fd for ``pread`` into private memory: the three :class:`ReadMode`
+kept as an fd for reads into private memory (``pread`` from the page cache,
+or O_DIRECT for a large range mostly not cached: ``_lowlevel.read_new``
+decides): the three :class:`ReadMode`
 members, parsed from every reader's ``mmap=`` argument by :func:`read_mode`, the one
 parser. Every list of a document that shares a data file shares its one
 mapping. :func:`open_consistently` pairs descriptors with
@@ -137,14 +139,25 @@ class DataFile:
         return self.base
 
     def read(self, start: int, length: int, desc: ListDescriptor, index: Optional[int] = None) -> np.ndarray:
-        """``length`` bytes at ``start`` into fresh private memory (``pread``, in parallel in C)."""
+        """``length`` bytes at ``start`` into fresh private memory.
+
+        ``_lowlevel.read_new`` picks the way: parallel ``pread`` from the page
+        cache, or O_DIRECT when the range is large and mostly not cached.
+        """
         if self._span is not None:
             s, buf = self._span
             if s <= start and start + length <= s + len(buf):
                 return buf[start - s:start - s + length]
-        out = _lowlevel.alloc(length)
-        self.readinto(out, start, desc, index)
-        return out
+        if self.use_mmap:
+            out = _lowlevel.alloc(length)
+            self.readinto(out, start, desc, index)
+            return out
+        if self.fd is None:
+            raise ValueError("I/O operation on a closed Reader")
+        try:
+            return _lowlevel.read_new(self.fd, start, length, self.path)
+        except EOFError as e:
+            raise self._truncated(start, length, desc, index) from e
 
     def readinto(self, out: np.ndarray, start: int, desc: ListDescriptor, index: Optional[int] = None) -> None:
         """Fills the uint8 array ``out`` with the bytes at ``start`` (parallel ``pread``, or the mapping).
@@ -163,13 +176,16 @@ class DataFile:
         try:
             _lowlevel.pread_into(self.fd, out, start, path=self.path)
         except EOFError as e:
-            size = os.fstat(self.fd).st_size
-            if index is None:
-                index = first_tensor_in(desc, max(start, size), start + n)
-            t = desc.tensors[index] if index is not None else None
-            raise FormatError(f"data file {self.path!r} was truncated while reading ({size} bytes left, "
-                              f"{start + n} needed)", file=desc.file, tensor_index=index,
-                              tensor_name=t.name if t is not None else None) from e
+            raise self._truncated(start, n, desc, index) from e
+
+    def _truncated(self, start: int, n: int, desc: ListDescriptor, index: Optional[int]) -> FormatError:
+        size = os.fstat(self.fd).st_size
+        if index is None:
+            index = first_tensor_in(desc, max(start, size), start + n)
+        t = desc.tensors[index] if index is not None else None
+        return FormatError(f"data file {self.path!r} was truncated while reading ({size} bytes left, "
+                           f"{start + n} needed)", file=desc.file, tensor_index=index,
+                           tensor_name=t.name if t is not None else None)
 
     def read_span(self, start: int, end: int, desc: ListDescriptor) -> None:
         """Reads ``[start, end)`` once; later reads inside it are views of that one copy.

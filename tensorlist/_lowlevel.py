@@ -26,6 +26,8 @@ __all__ = [
     "fsync",
     "write_items",
     "pread_into",
+    "read_new",
+    "resident_fraction",
     "alloc",
     "crc32c",
     "crc32c_many",
@@ -286,6 +288,58 @@ def pread_into(fd: int, dst, offset: int, threads: Optional[int] = None, path: O
         _raise(status, err[0], "read", path)
 
 
+#: read_new() reads at least this much with O_DIRECT when the range is cold (smaller reads: the page cache).
+DIRECT_MIN = 64 << 20
+#: ... and when less than this fraction of the range is in the page cache.
+DIRECT_BELOW_RESIDENT = 0.5
+
+
+def resident_fraction(fd: int, offset: int, length: int, path: Optional[str] = None) -> float:
+    """The fraction of the pages of ``[offset, offset + length)`` of ``fd`` in the page cache (mincore)."""
+    resident, pages, err = ffi.new("uint64_t *"), ffi.new("uint64_t *"), ffi.new("int *")
+    status = lib.tl_resident(fd, offset, length, resident, pages, err)
+    if status:
+        _raise(status, err[0], "mincore", path)
+    return resident[0] / pages[0] if pages[0] else 1.0
+
+
+def read_new(fd: int, offset: int, length: int, path: Optional[str] = None) -> np.ndarray:
+    """``length`` bytes of ``fd`` at ``offset`` in fresh memory (see :func:`alloc`), the fastest way here.
+
+    The one choice between the two ways to read: from the page cache (parallel
+    ``pread``), or, when at least ``DIRECT_MIN`` bytes are wanted and less than
+    ``DIRECT_BELOW_RESIDENT`` of them are cached (``mincore``), with O_DIRECT
+    (Linux): the disk writes into the buffer, and nothing is copied through, or
+    evicted from, the page cache. Direct reads need 4 KiB-aligned ranges, so
+    the buffer then starts at the page holding ``offset`` and the result is a
+    view at ``offset``'s place in that page (the same address alignment as the
+    offset has in the file; 64-byte aligned offsets only, as alloc() promises).
+
+    Raises:
+        EOFError: the file ends before ``offset + length``.
+    """
+    align = int(lib.TL_DIRECT_ALIGN)
+    if (length < DIRECT_MIN or offset % ALLOC_ALIGNMENT
+            or resident_fraction(fd, offset, length, path) >= DIRECT_BELOW_RESIDENT):
+        out = alloc(length)
+        pread_into(fd, out, offset, path=path)
+        return out
+    head = offset % align
+    start, end = offset - head, offset + length
+    body = (end - start) // align * align  # the direct part; the tail under one block goes through the cache
+    buf = alloc(end - start)
+    err = ffi.new("int *")
+    status = lib.tl_pread_direct(fd, ffi.from_buffer(buf[:body], require_writable=True), body, start,
+                                 default_threads(), err)
+    if status == lib.TL_ERR_FALLBACK:
+        pread_into(fd, buf[head:], offset, path=path)
+    elif status:
+        _raise(status, err[0], "read", path)
+    elif end > start + body:
+        pread_into(fd, buf[body:], start + body, path=path)
+    return buf[head:]
+
+
 #: Where alloc() starts a small buffer: XLA aliases a host buffer (``jax.device_put`` on the CPU)
 #: only at a 64-byte aligned address, and malloc promises 16.
 ALLOC_ALIGNMENT = 64
@@ -329,6 +383,7 @@ CRC32C_IMPLS = {
     "arm64": lib.TL_CRC_ARM64,
     "arm64_3way": lib.TL_CRC_ARM64_3WAY,
     "arm64_3way_soft": lib.TL_CRC_ARM64_3WAY_SOFT,
+    "avx512": lib.TL_CRC_AVX512,
 }
 if sorted(CRC32C_IMPLS.values()) != list(range(lib.TL_CRC_IMPLS)):
     raise ImportError("tensorlist._core was built with different CRC32C implementations; rebuild the package")

@@ -121,3 +121,28 @@ def test_bench_frameworks_quick_runs_every_row_and_prints_ratios(tmp_path):
     jax_load = {r["key"]: r for r in summary["groups"]["JAX load"]}
     assert jax_load["tl"]["median_s"] > 0 and jax_load["tl"]["ratio_vs_ref"] == 1.0
     assert not [p for p in os.listdir(tmp_path) if p.startswith("tensorlist-fwbench-")]
+
+
+def test_bench_loaders_runs_every_installed_contender_cold_and_warm(tmp_path):
+    """The loaders benchmark, one tiny round (in one process: fresh ones cost minutes): every row printed,
+    the cold runs really cold."""
+    pytest.importorskip("torch", reason="the loaders benchmark needs torch (pip install 'tensorlist[bench]')")
+    pytest.importorskip("safetensors", reason="the loaders benchmark reads safetensors files")
+    out_json = tmp_path / "loaders.json"
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "bench", "bench_loaders.py"), "--gib", "0.01", "--tensors", "4",
+         "--repeat", "1", "--warmup", "0", "--in-process", "--dir", str(tmp_path), "--json", str(out_json),
+         "--quiet"],
+        capture_output=True, text=True, timeout=600, cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(out_json.read_text())
+    keys = {"tl_map", "tl_read", "tl_torch", "tl_torch_read", "st"}
+    for cond in ("cold", "warm"):
+        assert keys <= set(report["results"][cond]), proc.stdout
+        for key, row in report["results"][cond].items():
+            assert row["n"] == 1 and row["median"] > 0
+            assert (row["ratio"] is None) == key.startswith("tl"), (cond, key)
+    assert max(report["residency"]["cold"]) < 0.01 and min(report["residency"]["warm"]) == 1.0
+    assert "-- cold page cache" in proc.stdout and "-- warm page cache" in proc.stdout
+    assert not [p for p in os.listdir(tmp_path) if p.startswith("tensorlist-loaders-")]
