@@ -30,11 +30,11 @@ import posixpath
 import uuid
 from pathlib import Path
 
-import ml_dtypes
 import numpy as np
 import pytest
 
 import tensorlist as tl
+from _compat import ml_dtypes
 
 KINDS = ["mmap", "pread", "copy", "file-url", "memory", "s3"]
 REMOTE = ("memory", "s3")
@@ -146,7 +146,8 @@ def _tensors() -> dict:
     rng = np.random.default_rng(7)
     return {
         "w": rng.standard_normal((5, 3)).astype(np.float32),
-        "bf16": rng.standard_normal(7).astype(ml_dtypes.bfloat16),
+        # bfloat16 where ml_dtypes is installed (none for s390x: there it is refused by name, test_platforms)
+        **({"bf16": rng.standard_normal(7).astype(ml_dtypes.bfloat16)} if ml_dtypes is not None else {}),
         "f16": np.linspace(-2, 2, 9, dtype=np.float16).reshape(3, 3),
         "i8": np.arange(-4, 4, dtype=np.int8),
         "u64": np.array([0, 1, 2**64 - 1], np.uint64),
@@ -219,7 +220,7 @@ class TestMapping:
             assert r.keys() == list(want)
             assert len(r) == len(want)
             assert list(r) == list(want)
-            assert "w" in r and "bf16" in r
+            assert "w" in r and ("bf16" in r) == (ml_dtypes is not None)
             assert "nope" not in r and 0 not in r and None not in r
 
     def test_positional_list_keys(self, store):
@@ -289,7 +290,7 @@ class TestMapping:
     def test_get(self, store):
         want = _saved(store)
         with store.open("m.tl") as r:
-            _same(r.get("bf16"), want["bf16"])
+            _same(r.get("f16"), want["f16"])
             assert r.get("nope") is None
             assert r.get("nope", 5) == 5
 
@@ -310,7 +311,7 @@ class TestMapping:
         want = _saved(store)
         with tl.Reader(store.url("m.tl"), **store.open_kwargs) as r:
             assert r.keys() == list(want)
-            _same(r["bf16"], want["bf16"])
+            _same(r["f16"], want["f16"])
 
     def test_items_values_to_dict_and_load_give_what_was_saved(self, store):
         want = _saved(store)
@@ -323,7 +324,7 @@ class TestMapping:
         for (k, a), b in zip(items, values):
             for got in (a, b, every[k], one_by_one[k], loaded[k]):
                 _same(got, want[k])
-        assert every["bf16"].dtype == ml_dtypes.bfloat16
+        assert ml_dtypes is None or every["bf16"].dtype == ml_dtypes.bfloat16
         assert every["scalar"].shape == () and every["empty2d"].shape == (3, 0)
         assert every["be_f4"].dtype == np.dtype("<f4")
 
