@@ -191,7 +191,7 @@ class SafetensorsFile:
                      "ScalarType code, and tensorlist stores whole-byte elements", "dtype")
             row = _dtypes.from_name(ST_DTYPES[st])
             shape = packed_shape(st, t["shape"]) if isinstance(t["shape"], list) else t["shape"]
-            if shape is None:
+            if shape is None and st in ST_PACKED:  # a null shape of another dtype: check_shape names it
                 fail(f"shape {short_repr(t['shape'])} of {st} must end with a dim divisible by {ST_PACKED[st]} "
                      f"(values are stored {ST_PACKED[st]} to a byte, as {row.name})", "shape")
             nbytes = check_shape(shape, row, file=path, index=i, name=name)
