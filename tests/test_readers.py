@@ -166,7 +166,7 @@ def _tensors() -> dict:
 def _as_stored(v) -> np.ndarray:
     """What a reader must give back for ``v``: little-endian, C order, same values."""
     a = np.asarray(v)
-    return (a.astype(a.dtype.newbyteorder("<")) if a.dtype.byteorder == ">" else a).copy(order="C")
+    return a.astype(a.dtype.newbyteorder("<"), order="C")  # native ("=") is big-endian on some hosts
 
 
 def _same(got: np.ndarray, want) -> None:
