@@ -147,7 +147,8 @@ def _tensors() -> dict:
     return {
         "w": rng.standard_normal((5, 3)).astype(np.float32),
         # bfloat16 where ml_dtypes is installed (none for s390x: there it is refused by name, test_platforms)
-        **({"bf16": rng.standard_normal(7).astype(ml_dtypes.bfloat16)} if ml_dtypes is not None else {}),
+        **({"bf16": rng.standard_normal(7).astype(ml_dtypes.bfloat16)} if ml_dtypes is not None
+           else {"u16": np.arange(7, dtype=np.uint16)}),  # as many tensors either way
         "f16": np.linspace(-2, 2, 9, dtype=np.float16).reshape(3, 3),
         "i8": np.arange(-4, 4, dtype=np.int8),
         "u64": np.array([0, 1, 2**64 - 1], np.uint64),
@@ -499,7 +500,7 @@ class TestMapping:
         start, data = 4096, bytearray(4096 + 200_000)
         offsets = {"a": 199_000, "b": 0, "c": 64}  # "a" lies ~195 KiB after "c"
         for name, v in (("a", a), ("b", b), ("c", c)):
-            data[start + offsets[name]:start + offsets[name] + v.nbytes] = v.tobytes()
+            data[start + offsets[name]:start + offsets[name] + v.nbytes] = _as_stored(v).tobytes()
         codes = {"a": 7, "b": 2, "c": 6}
         desc = {"tensors": [{"name": k, "dims": list(v.shape), "dataType": codes[k], "byteOffset": offsets[k],
                              "byteLength": v.nbytes} for k, v in (("a", a), ("b", b), ("c", c))],

@@ -518,7 +518,7 @@ FIVE_GIB = 5 << 30
 @pytest.mark.parametrize("where", ["list", "tensor"])
 @pytest.mark.parametrize("mmap", [True, False])
 def test_offsets_beyond_4gib_in_a_sparse_file(tmp_path, where, mmap):
-    a = np.arange(8, dtype="<f8").reshape(4, 2) * 1.5
+    a = (np.arange(8).reshape(4, 2) * 1.5).astype("<f8")  # arithmetic gives the host's order: stored is "<"
     b = np.arange(5, dtype="<i2")
     data = tmp_path / "big.data"
     list_offset = FIVE_GIB if where == "list" else 4096
