@@ -125,8 +125,9 @@ leg() {  # leg ARCH: root file system, install, tests, this host's files; its ow
     t=$SECONDS
     inside "$a" sh -c 'cd /src && python3 -m pip install -q --no-deps .'
     # fsspec (pure Python; Debian's is older than the floor) for the memory:// tests; ml_dtypes' wheel
-    # where there is one (not for s390x)
-    inside "$a" python3 -m pip install -q "fsspec>=2023.5" $([ "$a" = s390x ] || echo ml_dtypes)
+    # where there is one (not for s390x), a release that takes Debian's numpy as it is
+    inside "$a" sh -c "python3 -m pip install -q 'fsspec>=2023.5' $([ "$a" = s390x ] || echo ml_dtypes) \\
+        numpy==\$(python3 -c 'import numpy; print(numpy.__version__)')"
     # the tests import the installed package, not the source tree
     rm -rf "$root/src/tensorlist" "$root/src/build"
     echo "== $a: pip install $((SECONDS - t))s"
