@@ -13,6 +13,7 @@ error naming ml_dtypes; ``digests.txt`` lists the ml_dtypes files apart so the r
 """
 import hashlib
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -106,6 +107,11 @@ def read(d: Path):
                 assert np.array_equal(g.astype(v.dtype.newbyteorder("=")), v)
             checked += 1
     assert checked, f"nothing to read in {d}"
+    for name in ("bfloat16", "stream"):  # the CLI as a user runs it: a bfloat16 file inspects without ml_dtypes
+        if (d / f"{name}.tl").exists():
+            r = subprocess.run([sys.executable, "-m", "tensorlist", "inspect", str(d / f"{name}.tl")],
+                               capture_output=True, text=True, timeout=300)
+            assert r.returncode == 0 and ("bfloat16" if name == "bfloat16" else "complex128") in r.stdout, r
     print(f"foreign_files: read {checked} file-modes from {d.name}, {refused} refused for lack of ml_dtypes "
           f"({sys.byteorder}-endian host)")
 
