@@ -7,18 +7,18 @@
 #   2. files crossing hosts: .ci/foreign_files.py writes one fixed set of tensors on this host and on
 #      each foreign one, every host reads every other's, and the bytes on disk must equal this host's.
 #
-#   .ci/foreign.sh                        (CI calls it from .ci/run; about 7 minutes on 2 cores: half a
-#                                          minute for the root file systems, 1.5 to 2 for pip, 4 to 4.5
-#                                          for the tests, the two legs side by side)
+#   .ci/foreign.sh                        (CI calls it from .ci/run; 3 to 7 minutes on 2 cores, the two
+#                                          legs side by side: each root file system 15-35 s, pip 40-180 s,
+#                                          the tests 100-270 s, as busy as the machine is)
 #   FOREIGN_ARCHES=s390x .ci/foreign.sh   (one architecture)
 #
 # Cheap root file systems: `mmdebstrap --variant=extract` unpacks the packages and runs no maintainer
 # script under emulation (configuring with dpkg under qemu took ~10 minutes per architecture); the few
 # links those scripts would make (BLAS/LAPACK alternatives) are made here, and the Python files are
-# byte-compiled by this host's Python 3.11 (bookworm's too). Nothing is kept between runs but Debian's
-# .deb files (/var/cache/apt/foreign/<arch>). There is no ml_dtypes for s390x (no wheel, not in
-# Debian): there bfloat16/float8 must fail with tensorlist's error naming ml_dtypes, and the tests that
-# need it skip saying so; aarch64 installs ml_dtypes' wheel. pip reaches the registry for the build's
+# byte-compiled by this host's Python 3.11 (bookworm's too). Nothing is kept between runs (downloading
+# the packages takes seconds). There is no ml_dtypes for s390x (no wheel, not in
+# Debian): there bfloat16/float8 must fail with tensorlist's error naming ml_dtypes (the conformance
+# corpus and foreign_files.py check it), and the other tests leave them out; aarch64 installs ml_dtypes' wheel. pip reaches the registry for the build's
 # requirements (setuptools >= 77, cffi) with this host's certificate authorities copied in.
 # Needs root (apt-get, binfmt_misc, chroot); CI runs as root. $PYTHON: this host's interpreter with
 # tensorlist installed (CI's venv).
@@ -35,8 +35,8 @@ start=$SECONDS
 # writers, numpy converters, record, CLI, hostile input, platforms); tests needing torch, ml_dtypes or
 # a tool absent there skip with their reason, shown by -ra.
 # What runs inside (-m "not slow"): the test modules that need neither torch nor a framework adapter and
-# say the most about a foreign CPU, chosen to fit the leg's time (~12 minutes with the two legs side by
-# side on 2 cores): the C bindings and struct mirrors, byte order, every reader and writer, round trips of
+# say the most about a foreign CPU, chosen to fit the leg's time (at most ~12 minutes with the two legs side
+# by side on 2 cores): the C bindings and struct mirrors, byte order, every reader and writer, round trips of
 # every dtype and layout, CRC32C (every path this CPU has), the conformance corpus, hostile and malformed
 # files, atomic saves, the CLI's escaping. Left out for time (each runs in the main leg): test_cli and
 # test_cli_pipe (a child interpreter per test: minutes under qemu), test_record_schema and
@@ -94,13 +94,7 @@ inside() {  # inside ARCH CMD...: CMD in ARCH's root file system, with a clean e
 
 leg() {  # leg ARCH: root file system, install, tests, this host's files; its own log
     local a=$1 root=$WORK/$1 t=$SECONDS
-    mkdir -p "/var/cache/apt/foreign/$a"
     mmdebstrap --quiet --variant=extract --architectures="${DEB_ARCH[$a]}" --include="$PACKAGES" \
-        --skip=download/empty --skip=essential/unlink \
-        --setup-hook='mkdir -p "$1"/var/cache/apt/archives/' \
-        --setup-hook="sync-in /var/cache/apt/foreign/$a /var/cache/apt/archives/" \
-        --customize-hook="sync-out /var/cache/apt/archives /var/cache/apt/foreign/$a" \
-        --customize-hook='rm -f "$1"/var/cache/apt/archives/*.deb' \
         "$SUITE" "$root" "$MIRROR"
     # what the skipped maintainer scripts would have done that matters here
     local lib=$root/usr/lib/${TRIPLET[$a]}
