@@ -31,9 +31,6 @@ MIRROR=${FOREIGN_MIRROR:-http://deb.debian.org/debian}
 HOST=$(uname -m)
 start=$SECONDS
 
-# What runs inside: every test module that needs neither torch nor a framework adapter (core, readers,
-# writers, numpy converters, record, CLI, hostile input, platforms); tests needing torch, ml_dtypes or
-# a tool absent there skip with their reason, shown by -ra.
 # What runs inside (-m "not slow"): the test modules that need neither torch nor a framework adapter and
 # say the most about a foreign CPU, chosen to fit the leg's time (at most ~12 minutes with the two legs side
 # by side on 2 cores): the C bindings and struct mirrors, byte order, every reader and writer, round trips of
