@@ -56,13 +56,35 @@ STATUS_NAMES = {
     lib.TL_ERR_FORMAT: "format",
 }
 
-# The numpy mirror of the C structs; sizes are checked against cffi at import.
-SPAN_DTYPE = np.dtype([("offset", "<i8"), ("length", "<i8"), ("itemsize", "<i8")])
-ITEM_DTYPE = np.dtype(
-    [("src", "<u8"), ("length", "<u8"), ("offset", "<u8"), ("swap", "<u4"), ("crc", "<u4")]
+def _mirror(ctype: str, fields: Sequence[Tuple[str, Any]]) -> np.dtype:
+    """The numpy mirror of C struct ``ctype``, checked field by field against C's layout.
+
+    Memory numpy and C share is in the host's byte order: each field's dtype is
+    native (``np.dtype(t)`` of a sized integer type, never ``"<"``, the file's
+    order), else a big-endian host hands C swapped lengths and offsets. cffi's
+    compiled module knows C's ``sizeof`` and ``offsetof`` (it measured them
+    with the C compiler), so names, order, offsets, sizes and the struct's size
+    are compared with it here, at import.
+
+    Raises:
+        ImportError: the package and its ``_core`` disagree on the layout.
+    """
+    dt = np.dtype([(name, np.dtype(t)) for name, t in fields], align=True)
+    c_fields = ffi.typeof(ctype).fields
+    same = [name for name, _ in c_fields] == list(dt.names) and ffi.sizeof(ctype) == dt.itemsize and all(
+        dt.fields[name][1] == f.offset and dt.fields[name][0].itemsize == ffi.sizeof(f.type)
+        and dt.fields[name][0].byteorder in "=|" for name, f in c_fields)
+    if not same:
+        raise ImportError(f"tensorlist._core was built with a different layout of {ctype}; rebuild the package")
+    return dt
+
+
+# The numpy mirrors of the C structs (tensorlist_cdef.h), in the host's byte order.
+SPAN_DTYPE = _mirror("tl_span", [("offset", np.int64), ("length", np.int64), ("itemsize", np.int64)])
+ITEM_DTYPE = _mirror(
+    "tl_write_item",
+    [("src", np.uintp), ("length", np.uint64), ("offset", np.uint64), ("swap", np.uint32), ("crc", np.uint32)],
 )
-if ffi.sizeof("tl_span") != SPAN_DTYPE.itemsize or ffi.sizeof("tl_write_item") != ITEM_DTYPE.itemsize:
-    raise ImportError("tensorlist._core was built with a different struct layout; rebuild the package")
 
 
 def default_threads() -> int:
@@ -242,7 +264,7 @@ def write_items(
         items["offset"] = offsets
         items["swap"] = swaps
         small = lengths <= _GATHER_MAX
-        src = np.empty(n, dtype=np.uint64)
+        src = np.empty(n, dtype=ITEM_DTYPE["src"])
         keep = []
         if small.any():
             # Pinning costs about 1 us a buffer; one bytes.join copies all the
@@ -251,12 +273,12 @@ def write_items(
             blob = ffi.from_buffer(b"".join([buffers[i] for i in idx.tolist()]))
             keep.append(blob)
             part = lengths[idx]
-            src[idx] = np.cumsum(part) - part + np.uint64(int(ffi.cast("uintptr_t", blob)))
+            src[idx] = np.cumsum(part) - part + src.dtype.type(int(ffi.cast("uintptr_t", blob)))
         if not small.all():
             idx = np.flatnonzero(~small)
             pinned = [ffi.from_buffer(buffers[i]) for i in idx.tolist()]  # pins each buffer for the call
             keep.extend(pinned)
-            src[idx] = np.frombuffer(ffi.buffer(ffi.new("const void *[]", pinned)), np.uint64)
+            src[idx] = np.frombuffer(ffi.buffer(ffi.new("const void *[]", pinned)), src.dtype)
         items["src"] = src
     flags = (lib.TL_WRITE_CRC if crc else 0) | (lib.TL_WRITE_FSYNC if fsync else 0)
     flags |= lib.TL_WRITE_SPARSE if sparse else 0

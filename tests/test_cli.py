@@ -7,11 +7,11 @@ import subprocess
 import sys
 import time
 
-import ml_dtypes
 import numpy as np
 import pytest
 
 import tensorlist as tl
+from _compat import bfloat16_bits
 from _record_support import full_record
 
 pytestmark = pytest.mark.slow  # every test runs python -m tensorlist in a child
@@ -48,7 +48,7 @@ def test_top_level_help_lists_every_command():
 @pytest.fixture
 def model(tmp_path):
     path = tmp_path / "model.tl"
-    tl.save(path, {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "bf": np.ones(4, ml_dtypes.bfloat16)},
+    tl.save(path, {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "bf": bfloat16_bits(np.ones(4))},
             metadata={"training": full_record(), "dataset_params": {"name": "toy"}, "note": "hi"})
     return path
 

@@ -1,8 +1,18 @@
 """Which platforms the C core builds on, and the byte-order decisions of the Python layer.
 
-The compile/link matrix (gcc, clang, zig for Linux glibc/musl and macOS) and the runs under qemu
-(aarch64, s390x big-endian) are in .ci/cross.sh; here: the build's platform check, the C driver's
-corpus table against the conformance manifest, and the big-endian branch forced on this host.
+The compile/link matrix (gcc, clang, zig for Linux glibc/musl and macOS) and the C drivers under qemu
+(aarch64, s390x big-endian) are in .ci/cross.sh; the whole package on s390x and aarch64 (Debian root
+file systems under qemu, this module included) in .ci/foreign.sh. Here: the build's platform check, the
+C driver's corpus table against the conformance manifest, the numpy mirrors of C's structs, and the
+big-endian branch forced on this host.
+
+What forcing ``_dtypes.NATIVE_LITTLE = False`` on a little-endian host can catch: a writer, converter
+or hash that decides to swap without asking ``_dtypes``, or swaps wrongly (the bytes on disk are
+compared). What it cannot: memory numpy shares with C described in the file's order (``"<"``) instead
+of the host's, since ``"<"`` *is* native here; numpy or ml_dtypes behaving differently on a big-endian
+CPU; anything that asks ``sys.byteorder`` itself. Those only a big-endian interpreter finds: on s390x
+these tests run for real (the fixture then changes nothing), with .ci/foreign_files.py's files crossing
+hosts.
 """
 import json
 import os
@@ -16,7 +26,8 @@ import numpy as np
 import pytest
 
 import tensorlist as tl
-from tensorlist import _dtypes, _items
+from tensorlist import _dtypes, _items, _lowlevel
+from tensorlist._core import ffi
 from tensorlist.record.hash import weights_sha256
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -73,6 +84,42 @@ def test_the_c_driver_passes_natively_over_the_whole_corpus(tmp_path):
     assert re.fullmatch(r"test_core: \d+ passed, 0 failed \((little|big)-endian host, corpus\)\n", r.stdout), r.stdout
 
 
+# --- memory shared with C: the host's order, C's layout ------------------------------------------------
+
+
+@pytest.mark.parametrize("mirror, ctype", [("SPAN_DTYPE", "tl_span"), ("ITEM_DTYPE", "tl_write_item")])
+def test_the_numpy_mirror_of_each_c_struct_is_native_and_laid_out_as_c(mirror, ctype):
+    dt = getattr(_lowlevel, mirror)
+    assert dt.itemsize == ffi.sizeof(ctype)
+    assert [name for name, _ in ffi.typeof(ctype).fields] == list(dt.names)
+    for name, field in ffi.typeof(ctype).fields:
+        sub, offset = dt.fields[name][:2]
+        assert offset == field.offset and sub.itemsize == ffi.sizeof(field.type), name
+        assert sub.isnative, name  # C reads it in the host's order, whatever the file's is
+
+
+@pytest.mark.parametrize("field", [("offset", "{}i8"), ("length", "{}i8"), ("itemsize", "{}i8")])
+def test_a_struct_mirror_in_the_other_byte_order_or_layout_stops_the_import(field):
+    foreign = ">" if sys.byteorder == "little" else "<"  # "<" on a big-endian host: the bug this catches
+    good = [("offset", np.int64), ("length", np.int64), ("itemsize", np.int64)]
+    assert _lowlevel._mirror("tl_span", good) == _lowlevel.SPAN_DTYPE
+    swapped = [(n, field[1].format(foreign) if n == field[0] else t) for n, t in good]
+    with pytest.raises(ImportError, match="different layout of tl_span"):
+        _lowlevel._mirror("tl_span", swapped)
+    with pytest.raises(ImportError, match="different layout of tl_span"):
+        _lowlevel._mirror("tl_span", [("offset", np.int64), ("length", np.int32), ("itemsize", np.int64)])
+    with pytest.raises(ImportError, match="different layout of tl_span"):
+        _lowlevel._mirror("tl_span", [("offset", np.int64), ("itemsize", np.int64), ("length", np.int64)])
+
+
+def test_c_reads_the_layout_check_spans_in_the_host_order():
+    # offsets and lengths whose bytes read differently swapped: C must see these values
+    spans = np.zeros(2, _lowlevel.SPAN_DTYPE)
+    spans["offset"], spans["length"], spans["itemsize"] = [0, 256], [8, 16], [4, 4]
+    assert _lowlevel.check_layout(spans, 512, 8)[0] == 0
+    assert _lowlevel.check_layout(spans, 271, 8)[:2] == (_lowlevel.lib.TL_ERR_BOUNDS, 1)
+
+
 # --- byte order: a big-endian host's branches, forced on this machine ---------------------------------
 
 VALUES = {
@@ -116,8 +163,9 @@ def test_is_little_answers_for_the_host_it_is_told():
 def test_a_big_endian_host_writes_its_native_arrays_little_endian_and_reads_them_back(tmp_path, big_endian_host,
                                                                                       how):
     native = {k: _as_big_host_holds(v) for k, v in VALUES.items()}
-    for k in ("f4", "i8", "u2", "c8"):
-        assert native[k].dtype.byteorder == "=" and native[k].tobytes() != VALUES[k].tobytes()
+    for k in ("f4", "i8", "u2", "c8"):  # big-endian bytes, labelled native (on a big-endian host: truly)
+        little = VALUES[k].astype(VALUES[k].dtype.newbyteorder("<")).tobytes()
+        assert native[k].dtype.byteorder == "=" and native[k].tobytes() != little
     path = tmp_path / "big.tl"
     if how == "save":
         tl.save(path, native)
