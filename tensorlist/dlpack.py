@@ -100,7 +100,11 @@ class DLPackExport:
     def __dlpack__(self, *, stream=None, max_version: Optional[Tuple[int, int]] = None, dl_device=None,
                    copy: Optional[bool] = None):
         a = self.array
-        if copy is True:
+        if not a.dtype.isnative:  # numpy's own refusal names nothing; a copy converts
+            if not (self.copy or copy is True):
+                raise BufferError(NON_NATIVE_MESSAGE)
+            a = _private_copy(a)
+        elif copy is True:
             a = _private_copy(a)
         code = _ML_CODES.get(a.dtype.name) if a.dtype.isbuiltin == _USER_DTYPE else None
         src = a.view(f"u{a.dtype.itemsize}") if code is not None else a
@@ -160,10 +164,22 @@ def to_dlpack(array: np.ndarray, *, copy: bool = False) -> DLPackExport:
 
 
 def _private_copy(a: np.ndarray) -> np.ndarray:
-    """A writable C-contiguous copy of ``a`` in 64-byte aligned memory (XLA aliases only such buffers)."""
-    out = _lowlevel.alloc(a.nbytes).view(a.dtype).reshape(a.shape) if a.size else np.empty(a.shape, a.dtype)
+    """A writable C-contiguous copy of ``a`` in 64-byte aligned memory (XLA aliases only such buffers).
+
+    The copy is in the host's byte order (DLPack has no other): a file's
+    little-endian values on a big-endian host are converted.
+    """
+    dt = a.dtype if a.dtype.isnative else a.dtype.newbyteorder("=")
+    out = _lowlevel.alloc(a.nbytes).view(dt).reshape(a.shape) if a.size else np.empty(a.shape, dt)
     out[...] = a
     return out
+
+
+NON_NATIVE_MESSAGE = (
+    "the array's bytes are not in this host's byte order (a file's little-endian values on a big-endian "
+    "host) and DLPack shares native values only: ask for a converted copy with tensorlist.to_dlpack(array, "
+    "copy=True)"
+)
 
 
 def _retyped(capsule, code: int):

@@ -247,3 +247,13 @@ def test_torch_writing_a_tensor_over_read_only_pages_kills_the_process(tmp_path)
         assert out.returncode == 1 and b'load it with mmap="copy"' in out.stderr, out.stderr[-2000:]
         return
     assert out.returncode < 0, "torch now honours READ_ONLY: update docs/FRAMEWORKS.md's torch row"
+
+
+@pytest.mark.parametrize("dtype", [">f4", ">i8", ">c8", "<f4" if sys.byteorder == "big" else ">u2"])
+def test_an_array_in_the_other_byte_order_is_refused_by_name_or_copied_converted(dtype):
+    """A file's little-endian values on a big-endian host (here: big-endian values on this host) are not native."""
+    a = np.arange(6).astype(dtype).reshape(2, 3)
+    with pytest.raises(BufferError, match=r"not in this host's byte order .* copy=True"):
+        np.from_dlpack(tl.to_dlpack(a))
+    got = np.from_dlpack(tl.to_dlpack(a, copy=True))
+    assert got.dtype.isnative and np.array_equal(got, a) and got.dtype == a.dtype.newbyteorder("=")
