@@ -33,11 +33,6 @@
 #endif
 
 #define BIT(impl) (1u << (impl))
-#if TL_CRC32C_HAVE_AVX512
-#define TL_CRC_AVX512_MIN_ALL TL_CRC_AVX512_MIN
-#else
-#define TL_CRC_AVX512_MIN_ALL UINT64_MAX /* never chosen: not compiled in */
-#endif
 
 /* Bit i set: implementation i is compiled in and this CPU runs it. */
 static uint32_t detect(void) {
@@ -47,17 +42,6 @@ static uint32_t detect(void) {
     if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_SSE4_2)) {
         a |= BIT(TL_CRC_SSE42);
         if (ecx & bit_PCLMUL) a |= BIT(TL_CRC_SSE42_3WAY);
-#if TL_CRC32C_HAVE_AVX512
-        /* AVX512F and VPCLMULQDQ, and the OS saves the SSE, AVX and AVX-512 state (XCR0 bits 1, 2, 5-7) */
-        unsigned a7, b7, c7 = 0, d7;
-        if ((ecx & bit_PCLMUL) && (ecx & bit_OSXSAVE) && __get_cpuid_count(7, 0, &a7, &b7, &c7, &d7) &&
-            (b7 & (1u << 16)) && (c7 & (1u << 10))) {
-            unsigned lo, hi;
-            __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-            (void)hi;
-            if ((lo & 0xE6u) == 0xE6u) a |= BIT(TL_CRC_AVX512);
-        }
-#endif
     }
 #endif
 #if TL_CRC32C_HAVE_ARM64
@@ -101,7 +85,6 @@ static uint32_t available(void) {
 /* The dispatcher's choice for n bytes among the available paths: hardware
  * over tables, three streams where a round fits (crc32c_internal.h). */
 static int choose(uint32_t avail, uint64_t n) {
-    if (n >= TL_CRC_AVX512_MIN_ALL && (avail & BIT(TL_CRC_AVX512))) return TL_CRC_AVX512;
     if (n >= TL_CRC3_MIN && (avail & BIT(TL_CRC_SSE42_3WAY))) return TL_CRC_SSE42_3WAY;
     if (avail & BIT(TL_CRC_SSE42)) return TL_CRC_SSE42;
     if (n >= TL_CRC3_MIN && (avail & BIT(TL_CRC_ARM64_3WAY))) return TL_CRC_ARM64_3WAY;
@@ -115,9 +98,6 @@ static tl_crc32c_fn function(int impl) {
 #if TL_CRC32C_HAVE_SSE42
     case TL_CRC_SSE42: return tl_crc32c_sse42;
     case TL_CRC_SSE42_3WAY: return tl_crc32c_sse42_3way;
-#endif
-#if TL_CRC32C_HAVE_AVX512
-    case TL_CRC_AVX512: return tl_crc32c_avx512;
 #endif
 #if TL_CRC32C_HAVE_ARM64
     case TL_CRC_ARM64: return tl_crc32c_arm64;

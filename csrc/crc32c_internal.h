@@ -20,12 +20,6 @@
 #else
 #define TL_CRC32C_HAVE_SSE42 0
 #endif
-/* AVX-512 VPCLMULQDQ (crc32c_avx512.c): compilers that know the target names (gcc 8, clang 6). */
-#if TL_CRC32C_HAVE_SSE42 && (defined(__clang__) ? __clang_major__ >= 6 : __GNUC__ >= 8)
-#define TL_CRC32C_HAVE_AVX512 1
-#else
-#define TL_CRC32C_HAVE_AVX512 0
-#endif
 #if !defined(TL_CRC32C_NO_HW) && defined(__aarch64__) && (defined(__GNUC__) || defined(__clang__))
 #define TL_CRC32C_HAVE_ARM64 1
 #else
@@ -70,12 +64,6 @@ TL_CRC32C_HIDDEN uint32_t tl_crc32c_portable(uint32_t crc, const unsigned char *
 #if TL_CRC32C_HAVE_SSE42 /* crc32c_sse42.c: needs SSE4.2 (and PCLMULQDQ for _3way) */
 TL_CRC32C_HIDDEN uint32_t tl_crc32c_sse42(uint32_t crc, const unsigned char *p, uint64_t n);
 TL_CRC32C_HIDDEN uint32_t tl_crc32c_sse42_3way(uint32_t crc, const unsigned char *p, uint64_t n);
-#endif
-
-#if TL_CRC32C_HAVE_AVX512 /* crc32c_avx512.c: needs AVX512F, VPCLMULQDQ (and SSE4.2, PCLMULQDQ) */
-/* Shorter buffers go to the three streams: the folding's set-up pays from two rounds of 256 bytes. */
-#define TL_CRC_AVX512_MIN ((uint64_t)512)
-TL_CRC32C_HIDDEN uint32_t tl_crc32c_avx512(uint32_t crc, const unsigned char *p, uint64_t n);
 #endif
 
 #if TL_CRC32C_HAVE_ARM64 /* crc32c_arm64.c: needs the CRC32 extension (and PMULL for _3way) */

@@ -5,8 +5,7 @@
 
 The tables are data, not code: generating them keeps 4096 numbers out of review, and the test
 proves the committed header is exactly what this script makes. ``shift_constant`` derives the
-TL_CRC3_K* constants of csrc/crc32c_internal.h and ``fold_constants`` the K* of
-csrc/crc32c_avx512.c (the test checks both).
+TL_CRC3_K* constants of csrc/crc32c_internal.h (the test checks them too).
 """
 import pathlib
 import sys
@@ -46,17 +45,7 @@ def _mulmod(a, b):
 
 def shift_constant(nbytes):
     """K with crc32_u64(0, clmul(c, K)) == c advanced over nbytes zero bytes: x^(8n-33) mod P, reflected."""
-    return _power_reflected(8 * nbytes - 33)
-
-
-def fold_constants(nbytes):
-    """(K_lo, K_hi) of csrc/crc32c_avx512.c: a 16-byte lane folded nbytes forward is
-    clmul(lane.lo, K_lo) ^ clmul(lane.hi, K_hi); x^(8n+31) and x^(8n-33) mod P, reflected."""
-    return _power_reflected(8 * nbytes + 31), shift_constant(nbytes)
-
-
-def _power_reflected(e):
-    r, base = 1, 2
+    r, base, e = 1, 2, 8 * nbytes - 33
     while e:
         if e & 1:
             r = _mulmod(r, base)

@@ -405,7 +405,6 @@ CRC32C_IMPLS = {
     "arm64": lib.TL_CRC_ARM64,
     "arm64_3way": lib.TL_CRC_ARM64_3WAY,
     "arm64_3way_soft": lib.TL_CRC_ARM64_3WAY_SOFT,
-    "avx512": lib.TL_CRC_AVX512,
 }
 if sorted(CRC32C_IMPLS.values()) != list(range(lib.TL_CRC_IMPLS)):
     raise ImportError("tensorlist._core was built with different CRC32C implementations; rebuild the package")

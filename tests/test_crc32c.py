@@ -29,7 +29,6 @@ AVAILABLE, _ = _lowlevel.crc32c_impls()
 IMPLS = ["auto"] + AVAILABLE
 ROUND = 3 * 8192  # bytes per large round of the three-stream paths (TL_CRC3_SOFT_MIN)
 SMALL_ROUND = 3 * 256  # bytes per small round (TL_CRC3_MIN); every length to 4096 crosses several
-AVX512_MIN = 512  # TL_CRC_AVX512_MIN: shorter buffers go to the three streams
 
 
 def _table():
@@ -57,14 +56,12 @@ def _prefix_crcs(data: bytes, seed: int) -> list:
 
 def test_portable_is_always_available_and_the_dispatcher_picks_an_available_one():
     assert "portable" in AVAILABLE
-    for length in (0, 100, AVX512_MIN - 1, AVX512_MIN, SMALL_ROUND - 1, SMALL_ROUND, ROUND - 1, ROUND, 1 << 20):
+    for length in (0, 100, SMALL_ROUND - 1, SMALL_ROUND, ROUND - 1, ROUND, 1 << 20):
         names, chosen = _lowlevel.crc32c_impls(length)
         assert names == AVAILABLE and chosen in names
         # the rule of crc32c.c's choose(): hardware over tables, three streams where a round fits
         # (the software join only on the large rounds)
-        preference = ["avx512", "sse42_3way", "sse42", "arm64_3way", "arm64_3way_soft", "arm64", "portable"]
-        if length < AVX512_MIN:
-            preference.remove("avx512")
+        preference = ["sse42_3way", "sse42", "arm64_3way", "arm64_3way_soft", "arm64", "portable"]
         if length < ROUND:
             preference.remove("arm64_3way_soft")
         if length < SMALL_ROUND:
@@ -174,11 +171,6 @@ def test_tables_and_merge_constants_are_what_the_generator_derives():
     assert 3 * small == SMALL_ROUND
     assert int(defines["TL_CRC3_SMALL_K1"], 16) == gen.shift_constant(small)
     assert int(defines["TL_CRC3_SMALL_K2"], 16) == gen.shift_constant(2 * small)
-    with open(os.path.join(ROOT, "csrc", "crc32c_avx512.c"), encoding="utf-8") as f:
-        folds = re.findall(r"^#define K(\d+) (0x[0-9a-f]+)u, (0x[0-9a-f]+)u$", f.read(), re.M)
-    assert sorted(int(d) for d, _, _ in folds) == [16, 32, 48, 64, 128, 192, 256]
-    for d, lo, hi in folds:
-        assert (int(lo, 16), int(hi, 16)) == gen.fold_constants(int(d)), f"K{d}"
 
 
 @pytest.mark.slow
