@@ -29,6 +29,10 @@ from . import _dtypes
 __all__ = ["to_numpy", "from_numpy", "torch_dtype", "state_to_numpy", "is_tensor"]
 
 
+#: The integer dtype of each item size: a carried type's bits are moved and copied as these.
+_SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16}
+
+
 def is_tensor(value) -> bool:
     return isinstance(value, torch.Tensor)
 
@@ -72,14 +76,6 @@ def to_numpy(t: torch.Tensor, where: str = "tensor", *, bits: bool = False) -> n
     if why is not None:
         raise TypeError(f"{where}: {why}")
     t = t.detach()
-    if t.device.type != "cpu":
-        t = t.cpu()
-    if t.is_conj():
-        t = t.resolve_conj()
-    if t.is_neg():
-        t = t.resolve_neg()
-    if not t.is_contiguous():
-        t = t.contiguous()
     name = str(t.dtype).removeprefix("torch.")
     try:
         row = _dtypes.from_name(name)
@@ -90,7 +86,19 @@ def to_numpy(t: torch.Tensor, where: str = "tensor", *, bits: bool = False) -> n
         dt = (row.bits if bits else row.numpy).newbyteorder("=")  # torch's memory is in the host's order
         if t.numel() == 0:  # torch refuses dtype views of some empty tensors
             return np.empty(shape, dt)
+        # moved and made contiguous as same-size integers: torch 2.8 has no copy kernel for float4_e2m1fn_x2
+        t = t.view(_SAME_SIZE_INT[row.itemsize])
+        t = t.cpu() if t.device.type != "cpu" else t
+        t = t if t.is_contiguous() else t.contiguous()
         return t.reshape(-1).view(torch.uint8).numpy().view(dt).reshape(shape)
+    if t.device.type != "cpu":
+        t = t.cpu()
+    if t.is_conj():
+        t = t.resolve_conj()
+    if t.is_neg():
+        t = t.resolve_neg()
+    if not t.is_contiguous():
+        t = t.contiguous()
     return t.numpy()
 
 

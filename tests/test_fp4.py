@@ -179,7 +179,7 @@ def test_torch_round_trips_fp4_bit_exactly(tmp_path, mmap):
     back = tt.load_state(tmp_path / "m.tl", mmap=mmap)
     for k, v in sd.items():
         assert back[k].dtype == v.dtype and back[k].shape == v.shape
-        assert torch.equal(back[k].view(torch.uint8), v.contiguous().view(torch.uint8))
+        assert torch.equal(back[k].view(torch.uint8), v.view(torch.uint8).contiguous())  # torch 2.8: no fp4 copies
     assert json.loads((tmp_path / "m.tl").read_text())["tensors"][0]["dataType"] == 45
 
 
@@ -191,7 +191,8 @@ def test_torch_reads_what_numpy_wrote_and_safetensors_agrees(tmp_path):
     tl.save(tmp_path / "n.tl", {"w": a})
     t = tt.load_state(tmp_path / "n.tl")["w"]
     assert t.dtype == torch.float4_e2m1fn_x2 and bytes(t.view(torch.uint8).numpy()) == a.tobytes()
-    st.save_file({"w": t.clone()}, str(tmp_path / "p.safetensors"))  # safetensors writes F4, [4, 16]
+    own = t.view(torch.uint8).clone().view(torch.float4_e2m1fn_x2)  # torch 2.8 cannot clone fp4 itself
+    st.save_file({"w": own}, str(tmp_path / "p.safetensors"))  # safetensors writes F4, [4, 16]
     convert(tmp_path / "p.safetensors", tmp_path / "p.tl")
     assert tl.load(tmp_path / "p.tl")["w"].tobytes() == a.tobytes()
     convert(tmp_path / "p.tl", tmp_path / "q.safetensors")
