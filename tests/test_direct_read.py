@@ -98,8 +98,7 @@ def test_every_private_memory_reader_reads_a_cold_file_right(tmp_path, small_dir
         with tensorlist.open(p, mmap=False) as r:
             got = {k: r[k] for k in tensors}
     else:
-        import torch  # noqa: F401  (the torch extra)
-
+        pytest.importorskip("torch", reason="tensorlist.torch needs torch (the torch extra)")
         import tensorlist.torch as tlt
         got = {k: v.numpy() for k, v in tlt.load_state(p, mmap=False).items()}
     assert set(got) == set(tensors)

@@ -240,6 +240,7 @@ def test_remote_reader_refuses_an_unsupported_dtype_by_name(files):
 
 def test_torch_paths_never_import_ml_dtypes(tmp_path):
     """torch holds bfloat16 and float8 itself: its saves and loads move their bits, never ml_dtypes' values."""
+    pytest.importorskip("torch", reason="the torch paths need torch (the torch extra)")
     out = child(f"""
         import torch
         import tensorlist as tl, tensorlist.torch as tt
