@@ -726,7 +726,7 @@ def _trainer_class():
         def _load_rng_state(self, checkpoint):
             if checkpoint is None:
                 return
-            path = confine(checkpoint, os.path.basename(self._rng_file(checkpoint)))
+            path = self._rng_file(checkpoint)  # confined there
             if not os.path.exists(path):
                 _log.info("%s: no RNG state; the resumed run is not reproducible", path)
                 return
