@@ -9,7 +9,10 @@ What MLX 0.32 does with numpy arrays, measured, and what follows here:
   (``dtype=mx.float64``, which MLX holds on the CPU), and complex128, which MLX
   has no type for, is refused rather than rounded.
 - float8 arrays make ``mx.array`` raise ``RuntimeError: std::bad_cast``, naming
-  nothing: every float8 row is refused here first, naming the tensor.
+  nothing. MLX holds float8_e4m3fn as its ``uint8`` bytes (``mx.load`` of a
+  safetensors ``F8_E4M3`` tensor gives them, ``mx.from_fp8`` decodes them):
+  such a tensor loads the same way (``AS_BYTES``); the other float8 rows are
+  refused here first, naming the tensor.
 - shapes are 32-bit: a dimension past ``MAX_DIM`` (even of an empty array)
   makes ``mx.array`` raise a bare ``OverflowError``: refused first, naming
   the file and the tensor.
@@ -29,7 +32,7 @@ import numpy as np
 
 from . import _dtypes
 
-__all__ = ["is_array", "refusal", "to_numpy", "from_numpy", "mlx_dtype", "state_to_numpy", "HELD", "MAX_DIM"]
+__all__ = ["is_array", "refusal", "to_numpy", "from_numpy", "mlx_dtype", "state_to_numpy", "HELD", "AS_BYTES", "MAX_DIM"]
 
 #: tensorlist dtype name -> MLX dtype, for every row of the table MLX can hold.
 HELD: Dict[str, "mx.Dtype"] = {
@@ -39,6 +42,10 @@ HELD: Dict[str, "mx.Dtype"] = {
     "bool": mx.bool_,
 }
 _BY_MLX = {v: k for k, v in HELD.items()}
+
+#: tensorlist dtype name -> the MLX dtype holding its bytes, by MLX's own convention (``mx.from_fp8``
+#: decodes float8_e4m3fn from uint8). Saving such an array stores uint8: MLX cannot say what it held.
+AS_BYTES: Dict[str, "mx.Dtype"] = {"float8_e4m3fn": mx.uint8}
 
 #: The largest dimension an MLX shape holds: MLX's shapes are 32-bit (``mx.array`` raises a bare
 #: OverflowError past it, even for an empty array).
@@ -51,21 +58,21 @@ def is_array(value) -> bool:
 
 def refusal(name: str) -> Optional[str]:
     """Why MLX cannot hold tensorlist dtype ``name``, or None when it can."""
-    if name in HELD:
+    if name in HELD or name in AS_BYTES:
         return None
     if name == "complex128":
         return "MLX has no complex128 type (mx.array would silently round it to complex64)"
     if name.startswith("float8"):
-        return f"MLX has no {name} type (mx.array raises std::bad_cast on it)"
+        return f"MLX has no {name} type (mx.array raises std::bad_cast on it; only float8_e4m3fn has MLX's uint8 convention)"
     return f"MLX has no {name} type"
 
 
 def mlx_dtype(name: str) -> "mx.Dtype":
-    """The MLX dtype of a tensorlist dtype name; TypeError when MLX has none."""
+    """The MLX dtype holding a tensorlist dtype (``AS_BYTES``: its bytes); TypeError when MLX has none."""
     why = refusal(name)
     if why is not None:
         raise TypeError(f"dtype {name}: {why}")
-    return HELD[name]
+    return AS_BYTES.get(name) or HELD[name]
 
 
 def to_numpy(x: "mx.array", where: str = "array", *, bits: bool = False) -> np.ndarray:
@@ -90,12 +97,15 @@ def from_numpy(a: np.ndarray, where: str = "tensor") -> "mx.array":
     """A new MLX array holding ``a``'s values (a copy: MLX owns its buffers).
 
     Raises:
-        TypeError: MLX cannot hold ``a``'s dtype (complex128, float8), naming ``where``.
+        TypeError: MLX cannot hold ``a``'s dtype (complex128, float8 but
+            float8_e4m3fn, which comes as its uint8 bytes), naming ``where``.
     """
     row = _dtypes.from_numpy(a.dtype)
     why = refusal(row.name)
     if why is not None:
         raise TypeError(f"{where}: {why}")
+    if row.name in AS_BYTES:
+        return mx.array(a.view(np.uint8))
     if row.name == "bfloat16":  # its bits, in the host's order
         order = a.dtype.byteorder if a.dtype.byteorder in "<>" else "="
         bits = a.view(np.dtype(np.uint16).newbyteorder(order))

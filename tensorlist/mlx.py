@@ -4,7 +4,8 @@ Saving is zero-copy up to the writer (numpy reads MLX's buffers in place;
 a strided array is made contiguous once); loading copies each tensor once,
 because ``mx.array`` always copies: it copies from the read-only mapping, so
 no page is read twice. bfloat16 goes both ways. Dtypes MLX cannot hold
-(complex128, the float8 types) are refused before any array is made, naming
+(complex128, FP4, the float8 types but float8_e4m3fn, which loads as MLX's uint8
+bytes for ``mx.from_fp8``) are refused before any array is made, naming
 the file, the tensor and the dtype (MLX itself would round complex128 to
 complex64, and raise a bare ``std::bad_cast`` on float8). The conversions live
 in ``_mlx_bridge``; see docs/FRAMEWORKS.md.

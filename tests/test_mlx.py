@@ -12,16 +12,28 @@ from _framework_support import bits as _bits, sample as _sample  # noqa: E402
 import tensorlist as tl  # noqa: E402
 import tensorlist.mlx as tm  # noqa: E402
 from tensorlist import _dtypes  # noqa: E402
-from tensorlist._mlx_bridge import HELD  # noqa: E402
+from tensorlist._mlx_bridge import AS_BYTES, HELD  # noqa: E402
 from tensorlist.errors import FormatError, UnsupportedDTypeError  # noqa: E402
 
-REFUSED = {"complex128", "float8_e5m2", "float8_e4m3fn", "float8_e5m2fnuz", "float8_e4m3fnuz", "float8_e8m0fnu",
+REFUSED = {"complex128", "float8_e5m2", "float8_e5m2fnuz", "float8_e4m3fnuz", "float8_e8m0fnu",
            "float4_e2m1fn_x2"}
 
 
 def test_every_table_dtype_is_held_or_refused():
-    assert set(HELD) | REFUSED == {d.name for d in _dtypes.DTYPES}
-    assert not set(HELD) & REFUSED
+    assert set(HELD) | set(AS_BYTES) | REFUSED == {d.name for d in _dtypes.DTYPES}
+    assert not (set(HELD) | set(AS_BYTES)) & REFUSED and not set(HELD) & set(AS_BYTES)
+
+
+@pytest.mark.parametrize("mmap", [True, False])
+def test_float8_e4m3fn_loads_as_mlx_s_uint8_bytes_for_from_fp8(tmp_path, mmap):
+    # MLX's own convention (mx.load of a safetensors F8_E4M3 tensor, mx.from_fp8): the bytes as uint8
+    a = np.array([0, 448, -448, -0.875, 1.25, -1.5], dtype=ml_dtypes.float8_e4m3fn).reshape(2, 3)
+    tl.save(tmp_path / "f8.tl", {"w": a})
+    x = tm.load(tmp_path / "f8.tl", mmap=mmap)["w"]
+    assert x.dtype == mx.uint8 and tuple(x.shape) == (2, 3)
+    assert _bits(np.array(x)) == _bits(a)
+    np.testing.assert_array_equal(np.array(mx.from_fp8(x, dtype=mx.float32)), a.astype(np.float32))
+    assert tm.mlx_dtype("float8_e4m3fn") == mx.uint8
 
 
 @pytest.mark.parametrize("name", sorted(HELD))
