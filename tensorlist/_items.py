@@ -62,7 +62,8 @@ def as_array(value, where: str) -> np.ndarray:
         except Exception as e:  # e.g. a torch bfloat16 tensor: use tensorlist.torch
             raise TypeError(f"{where}: cannot convert {type(value).__name__} to a numpy array ({e})") from e
     if arr.dtype.hasobject or arr.dtype.fields is not None:
-        raise TypeError(f"{where}: dtype {arr.dtype} cannot be stored (no tensorlist dataType code)")
+        what = "" if isinstance(value, np.ndarray) else f"a {type(value).__name__} is not an array: "
+        raise TypeError(f"{where}: {what}dtype {arr.dtype} cannot be stored (no tensorlist dataType code)")
     return arr
 
 
