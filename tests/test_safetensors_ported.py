@@ -1,12 +1,13 @@
-"""safetensors' own torch and TensorFlow scenarios, run against safetensors and tensorlist.
+"""safetensors' own torch, TensorFlow and Flax scenarios, run against safetensors and tensorlist.
 
-Ported from safetensors' ``bindings/python/tests/test_pt_comparison.py`` and ``test_tf_comparison.py`` (Apache
-License 2.0, Copyright The HuggingFace team): odd dtypes (bfloat16, bool, complex, every float8, FP4), zero-sized
-tensors, views of one storage, meta and sparse tensors, values that are not tensors, non-contiguous and shared
-tensors, slices, metadata and loading against ``torch.load``; each once with ``safetensors.torch`` /
-``safetensors.tensorflow`` (stock) and once with ``tensorlist.save`` and ``tensorlist.torch.load_state`` /
-``tensorlist.tensorflow``. Where the two differ on purpose the test says so (`DIFFERS`) and checks tensorlist's own
-behaviour. The byte-exact header scenarios test safetensors' layout, and the device scenarios need accelerators.
+Ported from safetensors' ``bindings/python/tests/test_pt_comparison.py``, ``test_tf_comparison.py`` and
+``test_flax_comparison.py`` (Apache License 2.0, Copyright The HuggingFace team): odd dtypes (bfloat16, bool,
+complex, every float8, FP4), zero-sized tensors, views of one storage, meta and sparse tensors, values that are not
+tensors, non-contiguous and shared tensors, slices, metadata, and loads against ``torch.load`` and Flax's msgpack;
+each once with ``safetensors.torch``/``.tensorflow``/``.flax`` (stock) and once with tensorlist (``tensorlist.save``
+and ``tensorlist.torch.load_state``, ``tensorlist.tensorflow``, ``tensorlist.jax``). Where the two differ on purpose
+the test says so (`DIFFERS`) and checks tensorlist's own behaviour. The byte-exact header scenarios test
+safetensors' layout, and the device scenarios need accelerators.
 """
 import numpy as np
 import pytest
@@ -230,3 +231,38 @@ class TestTensorFlow:
         back = load(tmp_path / "m")["test"]
         assert back.dtype == tf.bfloat16
         assert np.array_equal(tf.bitcast(back, tf.uint16).numpy(), tf.bitcast(data["test"], tf.uint16).numpy())
+
+
+class TestFlax:
+    """``test_flax_comparison.py``: zero-sized arrays, and loads against Flax's own msgpack serialization."""
+
+    @pytest.fixture(params=["stock", "tensorlist"])
+    def jax_impl(self, request):
+        jnp = pytest.importorskip("jax.numpy", reason="the Flax scenarios need jax")
+        serialization = pytest.importorskip("flax.serialization", reason="the Flax scenarios need flax")
+        if request.param == "stock":
+            st_flax = pytest.importorskip("safetensors.flax")
+            return jnp, serialization, (lambda d, p: st_flax.save_file(dict(d), str(p) + ".safetensors"),
+                                        lambda p: st_flax.load_file(str(p) + ".safetensors"))
+        import tensorlist.jax as tlj
+        return jnp, serialization, (lambda d, p: tlj.save(str(p) + ".tl", d), lambda p: tlj.load(str(p) + ".tl"))
+
+    def test_zero_sized(self, jax_impl, tmp_path):
+        jnp, _, (save, load) = jax_impl
+        data = {"test": jnp.zeros((2, 0), dtype=jnp.float32)}
+        save(data, tmp_path / "m")
+        assert load(tmp_path / "m")["test"].shape == data["test"].shape
+
+    def test_deserialization_safe(self, jax_impl, tmp_path):
+        jnp, serialization, (save, load) = jax_impl
+        import jax
+        key = jax.random.key(0)
+        data = {"test": jax.random.normal(key, (256, 256), dtype=jnp.float32),
+                "test2": jax.random.normal(key, (256, 256), dtype=jnp.float16),
+                "test3": jax.random.normal(key, (256, 256), dtype=jnp.bfloat16),
+                "test4": jax.random.normal(key, (256, 256), dtype=jnp.complex64)}
+        (tmp_path / "flax.msgpack").write_bytes(serialization.msgpack_serialize(data))
+        save(data, tmp_path / "m")
+        flax_weights = serialization.msgpack_restore((tmp_path / "flax.msgpack").read_bytes())
+        for k, v in load(tmp_path / "m").items():
+            assert v.dtype == flax_weights[k].dtype and bool(jnp.array_equal(v, flax_weights[k]))
