@@ -708,7 +708,8 @@ class TrainingRecordCallback(Callback):
                              "the Trainer plugins=[TensorListCheckpointIO()] (or a tensorlist sharded strategy); "
                              f"its checkpoint IO is {type(trainer.strategy.checkpoint_io).__name__}")
         for w in writers:
-            if w.signing_key is not None and w.signing_key is not self.signing_key and w.signing_key != self.signing_key:
+            theirs = w.signing_key
+            if theirs is not None and theirs is not self.signing_key and theirs != self.signing_key:
                 raise ValueError(f"TrainingRecordCallback and {type(w).__name__} were given different signing keys: "
                                  "give one of them the key (a checkpoint is signed once)")
         self._lent = [w for w in writers if w.signing_key is None]

@@ -343,7 +343,8 @@ def test_a_lightning_checkpoint_as_origin_is_followed_and_its_weights_hashed_aga
     net.load_state_dict({k[len("net."):]: torch.from_numpy(np.array(v)) for k, v in weights.items()})
     out = runs / "ft"
     origin = model_file_origin(ckpt, relative_to=out)
-    assert origin == {"file": os.path.join("..", "pl", "epoch=0-step=4.ckpt"), "weights_sha256": weights_sha256(weights)}
+    assert origin == {"file": os.path.join("..", "pl", "epoch=0-step=4.ckpt"),
+                      "weights_sha256": weights_sha256(weights)}
     opt = torch.optim.SGD(net.parameters(), lr=0.05)
     rec = TrainingRecorder(net, opt, train_loader={"batch_size": 4, "shuffle": False, "drop_last": False,
                                                    "sampler": None}, epochs=1, initial_weights={"from": None,

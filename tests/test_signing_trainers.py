@@ -130,7 +130,7 @@ def test_hugging_face_trainer_and_accelerate_sign_their_checkpoints(tmp_path, ke
 # --- signing as you train: every entry point, checked by both verifiers, a changed byte, no key -------------------
 
 def _stock(path, public, tmp_path):
-    """The stock model_signing verifier on what sign_saved wrote: a directory whole, a file's set within its directory."""
+    """The stock model_signing verifier on what sign_saved wrote: a directory whole, a file's set in its directory."""
     verifying = __import__("model_signing.verifying").verifying
     pem = tmp_path / "stock.pub"
     pem.write_bytes(public.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
