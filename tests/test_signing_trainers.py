@@ -56,6 +56,7 @@ def test_reference_loop_signs_model_files_and_checkpoints(tmp_path, key):
     for kind in ("final", "checkpoint"):
         files = _verified(res.files[kind], key[1])
         assert os.path.basename(res.files[kind]) in files
+        _signed_everywhere(res.files[kind], key, tmp_path)
     plain = tmp_path / "plain"
     loops.epochs(m, torch.optim.SGD(m.parameters(), lr=0.1), _data(), loss_fn=torch.nn.functional.mse_loss,
                  max_epochs=1, out_dir=plain, progress=False)
@@ -72,7 +73,12 @@ def test_training_recorder_signs_each_save(tmp_path, key):
     torch.nn.init.zeros_(m.weight)  # a newer save replaces the model file: its signature follows it
     rec.save(path, m, dataset_params={"name": "toy"})
     assert read_training_record(path)["weights"]["sha256"] is not None
-    _verified(path, key[1])
+    _signed_everywhere(path, key, tmp_path)
+    plain = TrainingRecorder(m, torch.optim.SGD(m.parameters(), lr=0.1), train_loader=LOADER, epochs=1)
+    plain.epoch_done(0.5)
+    (tmp_path / "plain").mkdir()
+    plain.save(str(tmp_path / "plain" / "final.json"), m, dataset_params={"name": "toy"})
+    assert _signatures(tmp_path / "plain") == []
 
 
 def test_lightning_checkpoint_plugin_signs_each_checkpoint(tmp_path, key, monkeypatch):
@@ -90,6 +96,7 @@ def test_lightning_checkpoint_plugin_signs_each_checkpoint(tmp_path, key, monkey
         assert os.path.basename(p) in _verified(p, key[1])
     io.remove_checkpoint(paths[0])  # a checkpoint removed takes its signature with it
     assert signing.signature_files(paths[0]) == [] and not os.path.exists(paths[0] + ".sig")
+    _signed_everywhere(paths[1], key, tmp_path)
 
 
 def test_hugging_face_trainer_and_accelerate_sign_their_checkpoints(tmp_path, key):
@@ -123,8 +130,10 @@ def test_hugging_face_trainer_and_accelerate_sign_their_checkpoints(tmp_path, ke
     assert "model.json" in _verified(out, key[1])
     hf.load_state(acc, out)  # the signature inside does not disturb the checkpoint's own manifest
     plain = hf.save_state(acc, tmp_path / "acc-plain")
-    assert not os.path.exists(os.path.join(plain, "model.sig"))
+    assert _signatures(plain) == []
     assert np.isfinite(read_training_record(os.path.join(out, "model.json"))["epochs"]["done"])
+    _signed_everywhere(out, key, tmp_path)
+    _signed_everywhere(ckpt, key, tmp_path)
 
 
 # --- signing as you train: every entry point, checked by both verifiers, a changed byte, no key -------------------
@@ -343,5 +352,6 @@ def test_hugging_face_save_model_signs_the_model_file(tmp_path, key, signings):
                                                                         if n.startswith("model.json.")
                                                                         and n.endswith(".data")])
     _signed_everywhere(model, key, tmp_path)
+    _signed_everywhere(os.path.join(tmp_path, "hf", "checkpoint-1"), key, tmp_path)
     trainer(tmp_path / "plain").save_model(os.fspath(tmp_path / "plain-final"))
     assert _signatures(tmp_path / "plain") == [] and _signatures(tmp_path / "plain-final") == []
