@@ -39,8 +39,8 @@ Three pieces, each for ``lightning.pytorch.Trainer``:
   ``tensorlist record epoch=1-step=8.ckpt`` reads it.
 
 Imports lightning, torch, ``tensorlist.dcp`` (TensorListWriter/Reader),
-``tensorlist.record``, ``_lightning_record``, ``reader``, ``writer``, ``format``, ``_jsonio``,
-``_torch_bridge`` and ``errors``; nothing imports it.
+``tensorlist.record``, ``tensorlist.signing``, ``_lightning_record``, ``reader``, ``writer``, ``format``,
+``_jsonio``, ``_torch_bridge`` and ``errors``; nothing imports it.
 
 Example:
     >>> import os, tempfile, torch
