@@ -43,13 +43,13 @@ def _load_to_device(path, device, **options):
 _backends.register("device", _load_to_device)
 
 
-def _sign_saved(path, signing_key):
-    """A trainer's save, signed: ``tensorlist.signing``, above the record layer whose savers call it."""
-    from .signing import sign_saved
-    return sign_saved(path, signing_key)
+def _signed_save(path, signing_key):
+    """A trainer's save, signed (``signing.signed_save``): above the record layer whose savers call it."""
+    from .signing import signed_save
+    return signed_save(path, signing_key)
 
 
-_backends.register("sign", _sign_saved)
+_backends.register("sign", _signed_save)
 
 __version__ = "0.1.0"
 

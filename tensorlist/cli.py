@@ -613,7 +613,8 @@ def build_parser() -> argparse.ArgumentParser:
     sg = sub.add_parser("sign", help="sign a model directory, file or checkpoint (OpenSSF model signing)")
     sg.add_argument("path")
     sg.add_argument("--key", required=True, metavar="PRIVATE.pem", help="EC P-256/384/521 private key (PEM)")
-    sg.add_argument("--signature", required=True, metavar="SIG", help="the signature bundle to write")
+    sg.add_argument("--signature", metavar="SIG", help="the signature bundle to write (default: DIR/model.sig, "
+                    "FILE.sig: where the trainers put theirs)")
     sg.add_argument("--provenance", metavar="PROV", help="also write a signed SLSA attestation of the training records")
     sg.add_argument("--certificate-chain", nargs="+", metavar="CERT.pem", help="signing certificate, then intermediates")
     sg.set_defaults(func=_sign_cli.cmd_sign)
@@ -621,7 +622,7 @@ def build_parser() -> argparse.ArgumentParser:
     vf.add_argument("path")
     vf.add_argument("--public-key", metavar="PUBLIC.pem", help="the signer's public key (PEM)")
     vf.add_argument("--certificate-chain", nargs="+", metavar="CERT.pem", help="trusted root (and intermediate) certificates")
-    vf.add_argument("--signature", required=True, metavar="SIG")
+    vf.add_argument("--signature", metavar="SIG", help="the signature bundle (default: DIR/model.sig, FILE.sig)")
     vf.add_argument("--provenance", metavar="PROV", help="the attestation to check against the files' records")
     vf.set_defaults(func=_sign_cli.cmd_verify)
     return p

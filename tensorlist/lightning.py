@@ -39,8 +39,8 @@ Three pieces, each for ``lightning.pytorch.Trainer``:
   ``tensorlist record epoch=1-step=8.ckpt`` reads it.
 
 Imports lightning, torch, ``tensorlist.dcp`` (TensorListWriter/Reader),
-``tensorlist.record``, ``_lightning_record``, ``reader``, ``writer``, ``format``, ``_jsonio``,
-``_torch_bridge`` and ``errors``; nothing imports it.
+``tensorlist.record``, ``tensorlist.signing``, ``_lightning_record``, ``reader``, ``writer``, ``format``,
+``_jsonio``, ``_torch_bridge`` and ``errors``; nothing imports it.
 
 Example:
     >>> import os, tempfile, torch
@@ -77,7 +77,7 @@ from .errors import FormatError, short_repr
 from ._commit import new_token, own_locations
 from .format import confine, open_regular, read_json_file
 from .record import TrainingRecorder, read_training_record, validate_dataset_params, weights_sha256
-from .signing import sign_saved, signature_files
+from .signing import signature_files, signed_save
 from ._lightning_record import RECORD_KEYS, SOLVER, global_seed, with_record
 
 __all__ = [
@@ -306,8 +306,8 @@ class TensorListCheckpointIO(CheckpointIO):
         """
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} takes no storage_options")
-        _save_document(os.fspath(path), checkpoint, self.allow_pickle, self.encode)
-        sign_saved(path, self.signing_key)
+        with signed_save(path, self.signing_key):
+            _save_document(os.fspath(path), checkpoint, self.allow_pickle, self.encode)
 
     def load_checkpoint(self, path, map_location: Optional[Any] = None,
                         weights_only: Optional[bool] = None) -> Dict[str, Any]:
@@ -391,14 +391,18 @@ class _TensorListSharded(ABC):
     """The sharded save and load both strategies share (mixed in before the Lightning strategy).
 
     Takes the strategy's own arguments, plus ``allow_pickle`` and ``encode``
-    (as :class:`TensorListCheckpointIO`'s).
+    (as :class:`TensorListCheckpointIO`'s) and ``signing_key``: each sharded
+    checkpoint directory is signed by rank 0 once its save is complete,
+    ``model.sig`` and ``model.provenance.json`` inside it
+    (``tensorlist.signing.signed_save``; a full-state save is the checkpoint
+    IO's to sign).
     """
 
     _model_key = "state_dict"
 
-    def __init__(self, *args, allow_pickle: bool = False, encode=None, **kwargs) -> None:
+    def __init__(self, *args, allow_pickle: bool = False, encode=None, signing_key=None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.allow_pickle, self.encode = allow_pickle, encode
+        self.allow_pickle, self.encode, self.signing_key = allow_pickle, encode, signing_key
 
     @abstractmethod
     def _is_sharded_save(self) -> bool:
@@ -410,6 +414,12 @@ class _TensorListSharded(ABC):
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} takes no storage_options")
         path = Path(self.broadcast(filepath))  # type: ignore[attr-defined]
+        rank0 = self.global_rank == 0  # type: ignore[attr-defined]
+        with signed_save(path, self.signing_key if rank0 else None):  # signed once complete, by rank 0
+            self._save_sharded(checkpoint, path, rank0)
+        self.barrier()  # type: ignore[attr-defined]
+
+    def _save_sharded(self, checkpoint: Dict[str, Any], path: Path, rank0: bool) -> None:
         if path.is_file():
             path.unlink()
         path.mkdir(parents=True, exist_ok=True)
@@ -419,7 +429,6 @@ class _TensorListSharded(ABC):
         # ones are removed only after: a save killed at any point leaves a consistent checkpoint (the old
         # one when it overwrote a directory in place), and meta.json, a copy for readers, is the newest
         name = META_PATTERN.format(token=self.broadcast(new_token()))  # type: ignore[attr-defined]
-        rank0 = self.global_rank == 0  # type: ignore[attr-defined]
         # the record comes from the whole dict (its weights' hash stays null: no rank holds them all; the
         # shards carry their CRC32Cs), then the tensors go to DCP and what is left is the meta
         checkpoint = with_record(checkpoint)
@@ -427,14 +436,16 @@ class _TensorListSharded(ABC):
         state[META_KEY] = name
         if rank0:
             _save_document(os.fspath(path / name), checkpoint, self.allow_pickle, self.encode)
-        dcp.save(state, storage_writer=TensorListWriter(path))
+        dcp_writer = TensorListWriter(path)
+        dcp.save(state, storage_writer=dcp_writer)
         if rank0:
             _save_document(os.fspath(path / META_NAME), checkpoint, self.allow_pickle, self.encode)
             io = TensorListCheckpointIO()
             for old in os.listdir(path):
                 if old != name and _META_RE.fullmatch(old):
                     io.remove_checkpoint(path / old)
-        self.barrier()  # type: ignore[attr-defined]
+            if self.signing_key is not None:
+                dcp_writer.wait()  # the replaced save's shards gone: the signature lists this save's alone
 
     def _load_meta(self, path: Path) -> Dict[str, Any]:
         """The meta document the committed DCP save names (``META_KEY``)."""
@@ -625,6 +636,18 @@ def _hashable(module):
     return _FullWeights(module, full)
 
 
+def _checkpoint_writers(trainer) -> List[Any]:
+    """What writes ``trainer``'s checkpoints as tensorlist files: its sharded strategy, its checkpoint IO."""
+    strategy = trainer.strategy
+    found: List[Any] = [strategy] if isinstance(strategy, _TensorListSharded) else []
+    io = strategy.checkpoint_io
+    while not isinstance(io, TensorListCheckpointIO) and getattr(io, "checkpoint_io", None) is not None:
+        io = io.checkpoint_io  # unwrapped from AsyncCheckpointIO
+    if isinstance(io, TensorListCheckpointIO):
+        found.append(io)
+    return found
+
+
 class TrainingRecordCallback(Callback):
     """Fills the training record from what the Trainer knows and puts it into every checkpoint.
 
@@ -642,10 +665,22 @@ class TrainingRecordCallback(Callback):
         validation_key: a logged metric (e.g. ``"val_loss"``) to record as each
             epoch's validation value, when the Trainer validates.
         validation_dataset_params: the validation data's record.
+        signing_key: an EC private key (PEM path or ``cryptography`` key)
+            signing each checkpoint saved while the callback is active. The
+            key is lent, for the run, to what writes the checkpoints (the
+            :class:`TensorListCheckpointIO`, a tensorlist sharded strategy),
+            which signs once each save is complete: a checkpoint is signed
+            once, whichever of them holds the key. The same key given to both
+            signs once; two different keys are refused (ValueError) at setup.
+
+    Raises:
+        ValueError: at setup, a ``signing_key`` and no tensorlist checkpoint
+            writer in the Trainer (a stock pickle checkpoint is not signed
+            here), or another key already held by the writer.
     """
 
     def __init__(self, *, dataset_params: Optional[Mapping] = None, validation_key: Optional[str] = None,
-                 validation_dataset_params: Optional[Mapping] = None) -> None:
+                 validation_dataset_params: Optional[Mapping] = None, signing_key=None) -> None:
         self.dataset_params = dict(dataset_params) if dataset_params is not None else {"name": None}
         validate_dataset_params(self.dataset_params, field_prefix="dataset_params")
         self.validation_dataset_params = None if validation_dataset_params is None else dict(validation_dataset_params)
@@ -657,10 +692,34 @@ class TrainingRecordCallback(Callback):
         self._losses: List[float] = []
         self._rate: Any = None
         self._closed: Optional[int] = None  # the last epoch recorded (trainer.current_epoch)
+        self.signing_key = signing_key
+        self._lent: List[Any] = []  # the writers holding the key for this run (given back at teardown)
 
     @property
     def state_key(self) -> str:
         return "TrainingRecordCallback"
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if self.signing_key is None or stage != "fit":
+            return
+        writers = _checkpoint_writers(trainer)
+        if not writers:
+            raise ValueError("TrainingRecordCallback(signing_key=...) signs the checkpoints tensorlist writes: give "
+                             "the Trainer plugins=[TensorListCheckpointIO()] (or a tensorlist sharded strategy); "
+                             f"its checkpoint IO is {type(trainer.strategy.checkpoint_io).__name__}")
+        for w in writers:
+            theirs = w.signing_key
+            if theirs is not None and theirs is not self.signing_key and theirs != self.signing_key:
+                raise ValueError(f"TrainingRecordCallback and {type(w).__name__} were given different signing keys: "
+                                 "give one of them the key (a checkpoint is signed once)")
+        self._lent = [w for w in writers if w.signing_key is None]
+        for w in self._lent:
+            w.signing_key = self.signing_key
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        for w in self._lent:
+            w.signing_key = None
+        self._lent = []
 
     def on_train_start(self, trainer, pl_module) -> None:
         optimizer = trainer.optimizers[0]

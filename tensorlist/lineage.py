@@ -6,7 +6,10 @@ loaded from: ``initial_weights.origin = {"file": ..., "weights_sha256": ...}``
 origins from file to file and checks each link:
 
 1. the model given is a valid model file whose weights hash to its record's
-   ``weights.sha256`` (:func:`~tensorlist.record.verify_model_file`);
+   ``weights.sha256`` (:func:`~tensorlist.record.verify_model_file`); a
+   Lightning checkpoint written by ``tensorlist.lightning`` (a document whose
+   weights and their record are at ``/state_dict``) is a model file here,
+   its weights those of ``/state_dict`` (``record.weights_pointer``);
 2. each origin is resolved against the directory of the file that recorded it
    (an absolute path as it is), and must lie under ``root`` (default: the
    model's directory) once symlinks are resolved (``format.inside``, the
@@ -25,7 +28,7 @@ Nothing is fetched: an origin given as a URL is a broken link. The first
 broken link ends the walk; :class:`Lineage` holds the links checked until then
 and the :class:`BrokenLink`.
 
-Imports ``format``, ``_backends``, ``errors`` and ``record``; ``signing``
+Imports ``format``, ``reader``, ``_backends``, ``errors`` and ``record``; ``signing``
 lazily, only when a signature is to be checked.
 """
 from __future__ import annotations
@@ -37,7 +40,8 @@ from typing import List, Optional, Tuple
 from . import _backends
 from .errors import FormatError, TensorListError
 from .format import Limits, inside, read_json_file
-from .record import TrainingRecord, verify_model_file, weights_sha256
+from .record import TrainingRecord, verify_model_file, weights_pointer, weights_sha256
+from .reader import load
 
 __all__ = ["MAX_LINEAGE_DEPTH", "SIGNATURE_SUFFIX", "DIRECTORY_SIGNATURE", "Link", "BrokenLink", "Lineage",
            "LineageError", "lineage", "signature_beside"]
@@ -142,19 +146,17 @@ def signature_beside(path) -> Optional[Tuple[str, str]]:
     return None
 
 
-def _holds_record(path: str) -> bool:
-    doc = read_json_file(path, Limits())
-    meta = doc.get("metadata") if isinstance(doc, dict) else None
-    return isinstance(meta, dict) and "training" in meta
-
-
 def _check_file(path: str) -> Tuple[str, Optional[TrainingRecord]]:
-    """(weights hash, record or None) of a model file, verified; FormatError/OSError when it is not."""
-    if not _holds_record(path):
-        return weights_sha256(path), None
-    record = verify_model_file(path)  # validate, both records, the weights hash against the record
+    """(weights hash, record or None) of a model file or Lightning checkpoint, verified; FormatError/OSError if not."""
+    doc = read_json_file(path, Limits())
+    pointer = weights_pointer(doc)  # None: a model file; "/state_dict": a Lightning checkpoint
+    holder = doc if pointer is not None else doc.get("metadata") if isinstance(doc, dict) else None
+    weights = path if pointer is None else load(path, pointer=pointer, bits=True)
+    if not (isinstance(holder, dict) and "training" in holder):
+        return weights_sha256(weights), None
+    record = verify_model_file(path, pointer=pointer)  # validate, both records, the weights hash against the record
     digest = record["weights"]["sha256"]
-    return (digest if digest is not None else weights_sha256(path)), record
+    return (digest if digest is not None else weights_sha256(weights)), record
 
 
 def _origin_path(child: str, recorded: str) -> str:

@@ -67,15 +67,16 @@ def loader():
 
 
 def fit(out_dir, epochs, *, ckpt_path=None, strategy="auto", devices=1, plugins=None, sharded=False, seed=7,
-        validate=False):
-    """One run; returns (losses, model checkpoint callback, trainer)."""
+        validate=False, signing_key=None):
+    """One run; returns (losses, model checkpoint callback, trainer); ``signing_key`` goes to the record callback."""
     torch.set_num_threads(1)
     pl.seed_everything(seed, verbose=False)
     losses = Losses()
     ckpt = ModelCheckpoint(dirpath=os.fspath(out_dir), every_n_epochs=1, save_top_k=-1)
     trainer = pl.Trainer(max_epochs=epochs, accelerator="cpu", devices=devices, strategy=strategy,
                          plugins=plugins if plugins is not None else [TensorListCheckpointIO()],
-                         callbacks=[losses, TrainingRecordCallback(dataset_params={"name": "tiny-sine"}, validation_key="val_loss"), ckpt],
+                         callbacks=[losses, TrainingRecordCallback(dataset_params={"name": "tiny-sine"}, validation_key="val_loss",
+                                                                     signing_key=signing_key), ckpt],
                          enable_progress_bar=False, logger=False, enable_model_summary=False,
                          num_sanity_val_steps=0)
     trainer.fit(Tiny(sharded=sharded), train_dataloaders=loader(), val_dataloaders=loader() if validate else None,
@@ -87,7 +88,9 @@ def main(argv):
     strategy, out_dir, epochs = argv[0], argv[1], int(argv[2])
     ckpt_path = argv[3] if len(argv) > 3 else None
     if strategy == "model_parallel":
-        kwargs = dict(strategy=TensorListModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1),
+        key = os.environ.get("TENSORLIST_TEST_SIGNING_KEY")  # a PEM path: the strategy signs each directory
+        kwargs = dict(strategy=TensorListModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1,
+                                                               signing_key=key),
                       plugins=[], sharded=True)
     else:
         kwargs = dict(strategy=strategy)

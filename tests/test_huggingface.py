@@ -18,7 +18,7 @@ from _hf_support import Tokens, tiny_gpt2  # noqa: E402
 from tensorlist import huggingface as hf  # noqa: E402
 from tensorlist.cli import main as cli_main  # noqa: E402
 from tensorlist.errors import FormatError  # noqa: E402
-from tensorlist.record import RecordWarning, read_training_record, verify_model_file  # noqa: E402
+from tensorlist.record import RecordWarning, read_training_record, verify_model_file, weights_sha256  # noqa: E402
 
 #: Steps in an epoch of the Accelerate runs (32 samples, batches of 8).
 STEPS_PER_EPOCH = 4
@@ -392,7 +392,7 @@ def test_trainer_checkpoints_are_tensorlist_and_resume_bit_exactly(tmp_path):
 def test_trainer_model_file_carries_the_training_record(tmp_path, capsys):
     trainer = _trainer(tmp_path / "run", dataset_params={"name": "tokens", "size": 16},
                        initial_weights={"from": "random_state"})
-    start = hf.weights_sha256(trainer.model)
+    start = weights_sha256(trainer.model)
     trainer.train()
     record = verify_model_file(tmp_path / "run" / "checkpoint-6" / "model.json")
     assert record["seed"] == 0 and record["initial_weights_sha256"] == start

@@ -323,3 +323,51 @@ def test_a_key_without_the_signing_module_is_one_clear_error(chain, monkeypatch)
     monkeypatch.delattr(tensorlist, "signing", raising=False)
     with pytest.raises(ImportError, match=r"tensorlist\[sign\]"):
         lineage(chain.ft2, root=chain.runs, public_key="team.pub")
+
+
+def test_a_lightning_checkpoint_as_origin_is_followed_and_its_weights_hashed_again(tmp_path, monkeypatch):
+    """A model fine-tuned from a Lightning checkpoint (tensorlist.lightning's document): its weights at /state_dict."""
+    pytest.importorskip("lightning", reason="the Lightning integration needs lightning")
+    monkeypatch.syspath_prepend(os.path.dirname(os.path.abspath(__file__)))
+    monkeypatch.delenv("PL_GLOBAL_SEED", raising=False)
+    import _lightning_script
+
+    from tensorlist.lightning import TensorListCheckpointIO
+    from tensorlist.record import CHECKPOINT_WEIGHTS
+
+    runs = tmp_path / "runs"
+    _lightning_script.fit(runs / "pl", 1, plugins=[TensorListCheckpointIO()])
+    ckpt = str(runs / "pl" / "epoch=0-step=4.ckpt")
+    weights = tensorlist.load(ckpt, pointer=CHECKPOINT_WEIGHTS)
+    net = _lightning_script.Tiny().net
+    net.load_state_dict({k[len("net."):]: torch.from_numpy(np.array(v)) for k, v in weights.items()})
+    out = runs / "ft"
+    origin = model_file_origin(ckpt, relative_to=out)
+    assert origin == {"file": os.path.join("..", "pl", "epoch=0-step=4.ckpt"),
+                      "weights_sha256": weights_sha256(weights)}
+    opt = torch.optim.SGD(net.parameters(), lr=0.05)
+    rec = TrainingRecorder(net, opt, train_loader={"batch_size": 4, "shuffle": False, "drop_last": False,
+                                                   "sampler": None}, epochs=1, initial_weights={"from": None,
+                                                                                                 "origin": origin})
+    rec.epoch_done(0.5)
+    child = str(out / "final.tl")
+    os.makedirs(out)
+    rec.save(child, net, dataset_params=DATA)
+    result = lineage(child, root=str(runs)).check()
+    assert [os.path.basename(k.file) for k in result.links] == ["final.tl", "epoch=0-step=4.ckpt"]
+    assert result.links[1].weights_sha256 == origin["weights_sha256"]
+    assert result.links[1].record["weights"]["kind"] == "checkpoint" and result.links[1].origin is None
+    run = _cli("lineage", child, "--root", runs)
+    assert run.returncode == 0 and run.stdout.splitlines()[-1] == "lineage: 2 links, every one holds", run.stderr
+    # its weights changed after the child recorded them: the checkpoint's own record says so, naming it
+    data = next(p for p in (runs / "pl").iterdir() if p.name.startswith("epoch=0-step=4.ckpt.") and
+                p.name.endswith(".data"))
+    state_dict = tensorlist.load(ckpt, pointer=CHECKPOINT_WEIGHTS, mmap=False)
+    assert state_dict  # the bytes of a weight, found in the data file and changed there
+    first = np.ascontiguousarray(next(iter(state_dict.values()))).tobytes()
+    raw = data.read_bytes()
+    at = raw.index(first)
+    data.write_bytes(raw[:at] + bytes([raw[at] ^ 1]) + raw[at + 1:])
+    broken = lineage(child, root=str(runs))
+    assert broken.broken is not None and broken.broken.index == 1 and broken.broken.file.endswith("epoch=0-step=4.ckpt")
+    assert "the weights were changed after saving" in broken.broken.reason, broken.broken.reason

@@ -353,3 +353,16 @@ def test_dcp_layout_checkpoint_directory(model, keys, tmp_path):
     shard.write_bytes(shard.read_bytes()[:-1])
     with pytest.raises(signing.SignatureError, match=shard.name):
         signing.verify(ckpt, public_key=keys["pub"], signature=sig)
+
+
+def test_sign_and_verify_default_to_where_the_trainers_put_signatures(model, keys):
+    """Without --signature: DIR/model.sig (outside the signed set), FILE.sig beside a file (signing.default_signature)."""
+    r = _tl("sign", str(model), "--key", keys["priv"])
+    assert r.returncode == 0 and f"signed 4 files -> {model / 'model.sig'}" in r.stdout, r.stderr
+    r = _tl("verify", str(model), "--public-key", keys["pub"])
+    assert r.returncode == 0 and f"verified 4 files against {model / 'model.sig'}" in r.stdout, r.stderr
+    r = _tl("sign", str(model / "model.json"), "--key", keys["priv"])
+    assert r.returncode == 0 and f"-> {model / 'model.json.sig'}" in r.stdout, r.stderr
+    _byte(model)
+    r = _tl("verify", str(model / "model.json"), "--public-key", keys["pub"])
+    assert r.returncode == 1 and "changed since it was signed" in r.stderr, r.stdout + r.stderr

@@ -213,8 +213,10 @@ ARGS_DOC = """
         progress: tqdm bars; None: only when stderr is a terminal.
         dataset_params: the training data's record (stored in every model file).
         signing_key: an EC private key (PEM path or ``cryptography`` key): each
-            model file saved is signed, ``NAME.sig`` and ``NAME.provenance.json``
-            beside it (docs/PROVENANCE.md); None: nothing is signed.
+            model file and checkpoint saved is signed, ``NAME.sig`` and
+            ``NAME.provenance.json`` beside a file, ``model.sig`` and
+            ``model.provenance.json`` inside a sharded checkpoint's directory
+            (docs/PROVENANCE.md); None: nothing is signed.
         device: moves the model there; the default step moves each batch there.
         seed: seeds torch, numpy and ``random`` when a fresh run starts
             (a resumed run restores their states from the checkpoint); recorded.

@@ -34,7 +34,7 @@ from .._terminal import raw_stream
 from .._torch_bridge import from_numpy, state_to_numpy
 from ..errors import FormatError, short_repr
 from ..record import TrainingRecorder, save_model_file, weights_sha256
-from ..signing import sign_saved
+from ..signing import signed_save
 from ..torch import check_optimizer_state, match_state, module_state, optimizer_state_from_parts, optimizer_state_parts
 from .batches import TrainingLoopContext, batch_stream, is_empty, stream_settings
 from .checkpoint import (CHECKPOINT_TYPES, LOOP_STATE_FORMAT, dcp_ref, empty_simple, extension,
@@ -487,14 +487,20 @@ class Run:
 
                 self._store = ShardedCheckpoint(path)
             swa_n = self.swa.number_of_averaged_models if self.swa is not None else 0
-            self._store.save(module=self.module, optimizer=self.cfg.optimizer,
-                             loop_state=self.checkpoint_document(sharded=True) if self.rank == 0 else None,
-                             min_model=self.min_model if self.swa is None else None,
-                             averaged=self.averaged.module if swa_n > 0 else None)
+            key = self.cfg.signing_key if self.rank == 0 else None
+            with signed_save(path, key):  # rank 0 signs the directory, once the save is committed
+                self._store.save(module=self.module, optimizer=self.cfg.optimizer,
+                                 loop_state=self.checkpoint_document(sharded=True) if self.rank == 0 else None,
+                                 min_model=self.min_model if self.swa is None else None,
+                                 averaged=self.averaged.module if swa_n > 0 else None)
+                if key is not None:
+                    self._store.wait()  # the replaced save's files gone: the signature lists this save's alone
+            if self.distributed and self.cfg.signing_key is not None:
+                dist.barrier()  # no rank writes the next save into the directory while rank 0 hashes it
         else:
             if self.rank == 0:
-                write_checkpoint(path, self.checkpoint_document())
-                sign_saved(path, self.cfg.signing_key)
+                with signed_save(path, self.cfg.signing_key):
+                    write_checkpoint(path, self.checkpoint_document())
             if self.distributed:
                 dist.barrier()
         if self.rank == 0:
@@ -523,8 +529,9 @@ class Run:
         rec = self.recorder.record(kind, epoch=epoch)
         if value is not None:
             rec["weights"]["validation"] = value
-        save_model_file(path, state_to_numpy(weights, bits=True), training=rec, dataset_params=self.cfg.dataset_params)
-        sign_saved(path, self.cfg.signing_key)
+        with signed_save(path, self.cfg.signing_key):
+            save_model_file(path, state_to_numpy(weights, bits=True), training=rec,
+                            dataset_params=self.cfg.dataset_params)
         self.files[kind] = path
 
     def save_best(self) -> None:

@@ -54,13 +54,17 @@ from .core import (
     validate_dataset_params,
     validate_training_record,
 )
-from .hash import WEIGHTS_HASH_TAG, dataset_content_hash, model_file_origin, weights_sha256
+from .hash import (CHECKPOINT_WEIGHTS, WEIGHTS_HASH_TAG, dataset_content_hash, file_weights_sha256,
+                   model_file_origin, weights_pointer, weights_sha256)
 from .modelfile import read_dataset_params, read_training_record, save_model_file, verify_model_file
 from .spec import spec
 
 __all__ = [
     "FORMAT",
     "WEIGHTS_HASH_TAG",
+    "CHECKPOINT_WEIGHTS",
+    "weights_pointer",
+    "file_weights_sha256",
     "WEIGHTS_KINDS",
     "RecordWarning",
     "TrainingRecord",

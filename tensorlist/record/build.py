@@ -574,9 +574,10 @@ class TrainingRecorder:
         With the recorder's ``signing_key``, the file is then signed: ``path + ".sig"`` and
         ``path + ".provenance.json"`` (docs/PROVENANCE.md).
         """
-        record = save_model_file(path, weights, training=self.record(kind, epoch=epoch),
-                                 dataset_params=dataset_params, **save_options)
-        if self.signing_key is not None:
-            _backends.dispatch("sign", path)(path, self.signing_key)
-        return record
+        if self.signing_key is None:
+            return save_model_file(path, weights, training=self.record(kind, epoch=epoch),
+                                   dataset_params=dataset_params, **save_options)
+        with _backends.dispatch("sign", path)(path, self.signing_key):  # tensorlist.signing.signed_save
+            return save_model_file(path, weights, training=self.record(kind, epoch=epoch),
+                                   dataset_params=dataset_params, **save_options)
 

@@ -16,14 +16,19 @@ import hashlib
 import os
 import struct
 from collections.abc import Mapping
-from typing import Any, Dict, Iterator, Tuple
+from typing import Any, Dict, Iterator, Optional, Tuple
 
 import numpy as np
 
 from .. import _dtypes, reader
+from ..format import Limits, is_tensor_list, read_json_file
 from ._common import is_torch_module, is_torch_tensor, torch_to_numpy
 
-__all__ = ["WEIGHTS_HASH_TAG", "weights_sha256", "numpy_weights", "dataset_content_hash", "model_file_origin"]
+__all__ = ["WEIGHTS_HASH_TAG", "CHECKPOINT_WEIGHTS", "weights_sha256", "numpy_weights", "dataset_content_hash",
+           "model_file_origin", "weights_pointer", "file_weights_sha256"]
+
+#: Where a Lightning checkpoint (``tensorlist.lightning``'s document) holds its weights, as a JSON pointer.
+CHECKPOINT_WEIGHTS = "/state_dict"
 
 #: Domain tag that starts every weights_sha256 message (28 bytes), so the
 #: digest can never equal the SHA-256 of some other byte string by design.
@@ -188,8 +193,30 @@ def dataset_content_hash(arrays) -> dict:
     return {"method": "weights_sha256", "sha256": weights_sha256(arrays)}
 
 
+def weights_pointer(doc) -> Optional[str]:
+    """Where a model file's weights are in its parsed descriptor ``doc``.
+
+    None when ``doc`` is itself the one tensor list (a model file);
+    :data:`CHECKPOINT_WEIGHTS` when it is a Lightning checkpoint, a document
+    of several lists whose weights (with their record) are at ``/state_dict``.
+
+    Example:
+        >>> weights_pointer({"state_dict": {"tensors": [], "lists": None}}) is None  # not a TensorList
+        True
+    """
+    if isinstance(doc, dict) and not is_tensor_list(doc) and is_tensor_list(doc.get(CHECKPOINT_WEIGHTS[1:])):
+        return CHECKPOINT_WEIGHTS
+    return None
+
+
+def file_weights_sha256(path) -> str:
+    """:func:`weights_sha256` of the weights the file ``path`` holds: a model file's, a Lightning checkpoint's."""
+    pointer = weights_pointer(read_json_file(path, Limits()))
+    return weights_sha256(path if pointer is None else reader.load(path, pointer=pointer, bits=True))
+
+
 def model_file_origin(path, *, relative_to=None) -> dict:
-    """``initial_weights.origin`` for weights loaded from the model file ``path``.
+    """``initial_weights.origin`` for weights loaded from the model file (or Lightning checkpoint) ``path``.
 
     Returns ``{"file": path as given, "weights_sha256": hash of the file's weights}``
     (the hash is computed from the weights, not trusted from the file's record).
@@ -199,4 +226,4 @@ def model_file_origin(path, *, relative_to=None) -> dict:
     """
     path = os.fsdecode(path)
     shown = path if relative_to is None else os.path.relpath(path, os.fsdecode(relative_to))
-    return {"file": shown, "weights_sha256": weights_sha256(path)}
+    return {"file": shown, "weights_sha256": file_weights_sha256(path)}

@@ -17,8 +17,11 @@ Example:
 """
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Iterator, List, Optional, Sequence
+
+from .._commit import fsync_dir
 
 from ..errors import SignatureError
 from .model import signed_files, verify_files
@@ -27,7 +30,8 @@ from .provenance import BUILD_TYPE, SLSA_PREDICATE
 #: what :func:`sign_saved` appends to a saved path for its signature and its attestation.
 SIGNATURE_SUFFIX, PROVENANCE_SUFFIX = ".sig", ".provenance.json"
 
-__all__ = ["sign", "verify", "sign_saved", "signature_files", "SignatureError", "BUILD_TYPE", "SLSA_PREDICATE"]
+__all__ = ["sign", "verify", "sign_saved", "signed_save", "unsign", "default_signature", "signature_files",
+           "SignatureError", "BUILD_TYPE", "SLSA_PREDICATE"]
 
 
 def sign(path, *, private_key, signature, provenance=None, certificate_chain: Sequence = ()) -> Dict[str, str]:
@@ -88,6 +92,58 @@ def sign_saved(path, signing_key, *, certificate_chain: Sequence = (), provenanc
     sign(base, private_key=signing_key, signature=sig, certificate_chain=certificate_chain,
          provenance=prov if provenance else None)
     return sig
+
+
+@contextlib.contextmanager
+def signed_save(path, signing_key, *, certificate_chain: Sequence = (), provenance: bool = True) -> Iterator[None]:
+    """Around a save that writes or replaces ``path``: the trainers' one rule for signing as they save.
+
+    With a key, the signature and attestation of what ``path`` held before are
+    removed (:func:`unsign`) before the save starts, and the new ones written
+    (:func:`sign_saved`) once the block has returned, that is once the save is
+    complete; a save that raises is left unsigned. So a crash at any point
+    leaves a signature only beside the content it signs, or none (never the
+    previous save's signature beside the new content, nor a signature of
+    files a save is still writing). A no-op without a key.
+
+    Example:
+        >>> import os, tempfile, numpy as np, tensorlist
+        >>> path = os.path.join(tempfile.mkdtemp(), "m.json")
+        >>> with signed_save(path, None):
+        ...     tensorlist.save(path, {"w": np.ones(2, np.float32)})
+        >>> os.path.exists(path + SIGNATURE_SUFFIX)
+        False
+    """
+    if signing_key is None:
+        yield
+        return
+    unsign(path)
+    yield
+    sign_saved(path, signing_key, certificate_chain=certificate_chain, provenance=provenance)
+
+
+def unsign(path) -> List[str]:
+    """Removes the signature and attestation :func:`sign_saved` wrote for ``path``; returns those removed.
+
+    The removal is made durable (the directory fsynced) before it returns, so
+    no power cut can bring the old signature back beside a newer save.
+    """
+    removed = []
+    for p in _signature_paths(os.fspath(path).rstrip(os.sep)):
+        if os.path.lexists(p):
+            os.unlink(p)
+            removed.append(p)
+    if removed:
+        fsync_dir(os.path.dirname(os.path.abspath(removed[0])))
+    return removed
+
+
+def default_signature(path) -> str:
+    """Where :func:`sign_saved` puts the signature of ``path``, and where ``tensorlist verify`` looks by default.
+
+    ``DIR/model.sig`` for a directory, ``FILE.sig`` for a file.
+    """
+    return _signature_paths(os.fspath(path).rstrip(os.sep))[0]
 
 
 def _signature_paths(base: str):
