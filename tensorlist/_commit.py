@@ -41,7 +41,7 @@ from ._jsonio import resolve_pointer
 from .format import find_tensor_lists, read_json_file
 
 __all__ = ["Commit", "atomic_file", "tmp_beside", "own_locations", "is_own_data", "fsync_dir", "write_all",
-           "durable_replace", "new_token"]
+           "durable_replace", "new_token", "sweep_unowned", "own_data_files"]
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _OWN_DATA = re.compile(r"\.[0-9a-f]{8}\.data\Z")
@@ -66,6 +66,16 @@ def is_own_data(base: str, location: str) -> bool:
         return False
     rest = location[len(base):]
     return rest == ".data" or _OWN_DATA.match(rest) is not None
+
+
+def own_data_files(path: str) -> List[str]:
+    """The data files beside ``path`` that its committed document names and this library named (removable)."""
+    try:
+        doc = read_json_file(path, fast=True)
+    except (OSError, ValueError):
+        return []
+    base = os.path.dirname(os.path.abspath(path))
+    return [os.path.join(base, name) for name in own_locations(doc, os.path.basename(path))]
 
 
 def own_locations(doc, base: str) -> List[str]:
@@ -116,6 +126,52 @@ def _flock(fd: int, mode: int) -> bool:
         return True
     except OSError:
         return False
+
+
+def sweep_unowned(directory: str) -> List[str]:
+    """Removes the data files in ``directory`` whose descriptor is gone or replaced by a symbolic link.
+
+    ``<name>.<8 hex>.data`` belongs to the document ``<name>``: when ``<name>``
+    no longer exists as a regular file (a tool other than tensorlist removed
+    it, e.g. Lightning's ``save_last="link"`` replacing ``last.ckpt`` by a
+    link), nothing can reference the data any more. Runs under the same
+    exclusive directory lock as a save's sweep (skipped while any save in the
+    directory is under way), on files no live save holds locked.
+
+    Returns:
+        The names removed.
+    """
+    try:
+        dir_fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _CLOEXEC)
+    except OSError:
+        return []
+    removed: List[str] = []
+    try:
+        if not _flock(dir_fd, fcntl.LOCK_EX):
+            return []  # a save is under way: a later sweep removes what this one skips
+        for name in os.listdir(directory):
+            found = _OWN_DATA.search(name)
+            if found is None or name.startswith("."):
+                continue
+            owner = os.path.join(directory, name[:found.start()])
+            if os.path.isfile(owner) and not os.path.islink(owner):
+                continue
+            path = os.path.join(directory, name)
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | _CLOEXEC | getattr(os, "O_NOFOLLOW", 0))
+            except OSError:
+                continue
+            try:
+                if _flock(fd, fcntl.LOCK_EX):
+                    os.unlink(path)
+                    removed.append(name)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+    finally:
+        os.close(dir_fd)
+    return removed
 
 
 def durable_replace(tmp: str, path: str, durable: bool = True) -> None:

@@ -74,8 +74,8 @@ from ._states import check_lightning_states
 from ._torch_bridge import from_numpy
 from .dcp import TensorListReader, TensorListWriter
 from .errors import FormatError, short_repr
-from ._commit import new_token, own_locations
-from .format import confine, open_regular, read_json_file
+from ._commit import new_token, own_data_files, sweep_unowned
+from .format import confine, open_regular
 from .record import TrainingRecorder, read_training_record, validate_dataset_params, weights_sha256
 from .signing import signature_files, signed_save
 from ._lightning_record import RECORD_KEYS, SOLVER, global_seed, with_record
@@ -260,16 +260,6 @@ def _load_document(path, map_location, allow_pickle) -> dict:
                                                     file=path), file=path)
 
 
-def _data_files(path: str) -> List[str]:
-    """The data files beside ``path`` that its committed document names and this library named (removable)."""
-    try:
-        doc = read_json_file(path, fast=True)
-    except (OSError, ValueError):
-        return []
-    base = os.path.dirname(os.path.abspath(path))
-    return [os.path.join(base, name) for name in own_locations(doc, os.path.basename(path))]
-
-
 class TensorListCheckpointIO(CheckpointIO):
     """A Lightning ``CheckpointIO`` writing checkpoints as tensorlist documents (no pickle).
 
@@ -308,6 +298,13 @@ class TensorListCheckpointIO(CheckpointIO):
             raise TypeError(f"{type(self).__name__} takes no storage_options")
         with signed_save(path, self.signing_key):
             _save_document(os.fspath(path), checkpoint, self.allow_pickle, self.encode)
+        self._dirs = getattr(self, "_dirs", set()) | {os.path.dirname(os.path.abspath(path))}
+        self.teardown()
+
+    def teardown(self) -> None:
+        """Removes the data files of checkpoints Lightning deleted itself (``save_last="link"``'s ``os.remove``)."""
+        for d in getattr(self, "_dirs", ()):
+            sweep_unowned(d)
 
     def load_checkpoint(self, path, map_location: Optional[Any] = None,
                         weights_only: Optional[bool] = None) -> Dict[str, Any]:
@@ -345,7 +342,7 @@ class TensorListCheckpointIO(CheckpointIO):
             return
         if not os.path.lexists(path):
             return
-        data = _data_files(path)
+        data = own_data_files(path)
         os.unlink(path)
         for name in data:
             if os.path.isfile(name):

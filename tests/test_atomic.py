@@ -327,3 +327,41 @@ def test_an_abandoned_writer_is_discarded_even_once_teardown_cleared_the_modules
     monkeypatch.undo()
     assert unraisable == []
     assert list(tmp_path.iterdir()) == []
+
+
+def test_sweep_unowned_removes_only_the_data_of_documents_that_are_gone(tmp_path):
+    """Data whose document another tool removed or replaced by a link goes; everything else stays."""
+    for name in ("kept.tl", "gone.tl", "linked.tl"):
+        tl.save(tmp_path / name, {"w": np.arange(3)})
+    data = {n: next(f for f in os.listdir(tmp_path) if f.startswith(n + ".")) for n in ("kept.tl", "gone.tl",
+                                                                                      "linked.tl")}
+    os.remove(tmp_path / "gone.tl")
+    os.remove(tmp_path / "linked.tl")
+    os.symlink("kept.tl", tmp_path / "linked.tl")
+    (tmp_path / "mine.data").write_bytes(b"a user's own file")  # not a name tensorlist gives
+    (tmp_path / "orphan.00000000.dat").write_bytes(b"x")
+    assert sorted(_commit.sweep_unowned(str(tmp_path))) == sorted([data["gone.tl"], data["linked.tl"]])
+    assert sorted(os.listdir(tmp_path)) == sorted(["kept.tl", data["kept.tl"], "linked.tl", "mine.data",
+                                                   "orphan.00000000.dat"])
+    np.testing.assert_array_equal(tl.load(tmp_path / "linked.tl")["w"], np.arange(3))
+
+
+def test_sweep_unowned_waits_for_no_save_and_spares_a_live_one(tmp_path):
+    """While a save holds the directory (shared lock), the sweep removes nothing; a data file locked by its save stays."""
+    import fcntl
+    tl.save(tmp_path / "a.tl", {"w": np.arange(3)})
+    os.remove(tmp_path / "a.tl")
+    fd = os.open(tmp_path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        assert _commit.sweep_unowned(str(tmp_path)) == []
+    finally:
+        os.close(fd)
+    (name,) = os.listdir(tmp_path)
+    held = os.open(tmp_path / name, os.O_RDONLY)
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        assert _commit.sweep_unowned(str(tmp_path)) == []
+    finally:
+        os.close(held)
+    assert _commit.sweep_unowned(str(tmp_path)) == [name] and os.listdir(tmp_path) == []

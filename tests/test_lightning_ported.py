@@ -158,6 +158,19 @@ def test_save_last(kind, tmp_path, save_last):
         assert _provenance(last)["epochs"]["done"] == 3
 
 
+def test_save_last_link_after_a_saved_last(kind, tmp_path):
+    """A run resumed with save_last="link" where a saved last.ckpt is: Lightning os.removes it for the link."""
+    _fit(kind, tmp_path, epochs=1, model=Boring([0.3, 0.2, 0.1]), monitor="score", save_top_k=1, save_last=True,
+         filename="{epoch}")
+    assert not os.path.islink(tmp_path / "last.ckpt")
+    mc = ModelCheckpoint(dirpath=tmp_path, monitor="score", save_top_k=1, save_last="link", filename="{epoch}")
+    _trainer(kind, [mc], 3).fit(Boring([0.3, 0.2, 0.1]), _loader(), ckpt_path=str(tmp_path / "last.ckpt"))
+    assert os.readlink(tmp_path / "last.ckpt") == "epoch=2.ckpt"
+    assert _ckpts(tmp_path) == {"epoch=2.ckpt", "last.ckpt"}
+    _no_orphans(kind, tmp_path)  # the replaced last.ckpt's data file went with it (at teardown)
+    assert _load(kind, tmp_path / "last.ckpt")["epoch"] == 2
+
+
 def test_save_weights_only(kind, tmp_path):
     """save_weights_only=True: the weights and the loop's counters, no optimizer, scheduler or callback state."""
     _, _, model = _fit(kind, tmp_path, save_top_k=-1, save_weights_only=True)
