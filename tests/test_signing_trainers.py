@@ -355,3 +355,39 @@ def test_hugging_face_save_model_signs_the_model_file(tmp_path, key, signings):
     _signed_everywhere(os.path.join(tmp_path, "hf", "checkpoint-1"), key, tmp_path)
     trainer(tmp_path / "plain").save_model(os.fspath(tmp_path / "plain-final"))
     assert _signatures(tmp_path / "plain") == [] and _signatures(tmp_path / "plain-final") == []
+
+
+def test_lineage_checks_the_signature_of_a_signed_lightning_checkpoint_origin(tmp_path, key, monkeypatch):
+    """A model fine-tuned from a checkpoint the plugin signed: lineage verifies that signature, and a changed
+    byte of the checkpoint breaks the link that names it."""
+    pytest.importorskip("lightning", reason="the Lightning integration needs lightning")
+    monkeypatch.syspath_prepend(HERE)
+    monkeypatch.delenv("PL_GLOBAL_SEED", raising=False)
+    import _lightning_script
+    import tensorlist
+    from tensorlist.lightning import TensorListCheckpointIO
+    from tensorlist.lineage import lineage
+    from tensorlist.record import CHECKPOINT_WEIGHTS, model_file_origin
+
+    runs = tmp_path / "runs"
+    _lightning_script.fit(runs / "pl", 1, plugins=[TensorListCheckpointIO(signing_key=key[0])])
+    ckpt = str(runs / "pl" / "epoch=0-step=4.ckpt")
+    net = _lightning_script.Tiny().net
+    weights = tensorlist.load(ckpt, pointer=CHECKPOINT_WEIGHTS)
+    net.load_state_dict({k[len("net."):]: torch.from_numpy(np.array(v)) for k, v in weights.items()})
+    (runs / "ft").mkdir()
+    rec = TrainingRecorder(net, torch.optim.SGD(net.parameters(), lr=0.05), train_loader=LOADER, epochs=1,
+                           initial_weights={"from": None, "origin": model_file_origin(ckpt, relative_to=runs / "ft")})
+    rec.epoch_done(0.5)
+    child = str(runs / "ft" / "final.tl")
+    rec.save(child, net, dataset_params={"name": "toy"})
+    public = tmp_path / "team.pub"
+    public.write_bytes(key[1].public_bytes(serialization.Encoding.PEM,
+                                           serialization.PublicFormat.SubjectPublicKeyInfo))
+    held = lineage(child, root=str(runs), public_key=str(public)).check()
+    assert [k.signature_verified for k in held.links] == [None, True]
+    assert os.path.realpath(held.links[1].signature) == os.path.realpath(ckpt + ".sig")
+    with open(ckpt, "a") as f:  # one byte more in the checkpoint's document: its signature no longer holds
+        f.write(" ")
+    broken = lineage(child, root=str(runs), public_key=str(public))
+    assert broken.broken is not None and broken.broken.index == 1 and "does not verify" in broken.broken.reason
