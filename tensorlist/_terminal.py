@@ -17,7 +17,7 @@ import re
 import unicodedata
 from typing import Any, TextIO
 
-__all__ = ["escape_controls", "EscapingStream", "raw_stream"]
+__all__ = ["escape_controls", "EscapingStream", "raw_stream", "display_width", "column", "pad"]
 
 #: Candidates: anything but tab, newline and printable ASCII (each then judged by its Unicode category).
 _CANDIDATE = re.compile(r"[^\t\n\x20-\x7e]")
@@ -45,6 +45,25 @@ def escape_controls(text: str) -> str:
         'w\\\\x1b[31m\\\\u202eeb\\n'
     """
     return _CANDIDATE.sub(_escape, text)
+
+
+def display_width(text: str) -> int:
+    """Terminal columns ``text`` takes: wide and full-width characters two, combining marks none."""
+    if text.isascii():
+        return len(text)
+    return sum(0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in "WF" else 1
+               for c in text)
+
+
+def column(names) -> "tuple[list, int]":
+    """A table's first column: each name escaped (as it will print) and the width they all pad to."""
+    shown = [escape_controls(n) for n in names]
+    return shown, max([4] + [display_width(n) for n in shown])
+
+
+def pad(text: str, width: int) -> str:
+    """``text`` (already escaped) padded with spaces to ``width`` terminal columns."""
+    return text + " " * max(0, width - display_width(text))
 
 
 class EscapingStream:

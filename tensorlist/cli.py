@@ -15,7 +15,7 @@ from typing import List, Optional
 import numpy as np
 
 from . import __version__, _backends, _provenance_cli, _sign_cli, _tree
-from ._terminal import EscapingStream
+from ._terminal import EscapingStream, column, pad
 from .errors import TensorListError
 from .format import find_tensor_lists, looks_like_list, read_json_file
 from .reader import Reader
@@ -79,10 +79,10 @@ def _inspect_one(path: str, pointer: Optional[str], as_json: bool, out) -> None:
             return
         out.write(f"{path}{' ' + d.pointer if d.pointer else ''}  (data: {d.location}, "
                   f"format {'tensorlist v%d' % d.version if d.version else 'lamp'})\n")
-        w = max([4] + [len(r_["name"]) for r_ in rows])
+        names, w = column(r_["name"] for r_ in rows)
         out.write(f"  {'name':<{w}}  {'dtype':<14} {'shape':<20} {'size':>10} {'offset':>12}\n")
-        for r_ in rows:
-            out.write(f"  {r_['name']:<{w}}  {r_['dtype']:<14} {str(tuple(r_['shape'])):<20} "
+        for name, r_ in zip(names, rows):
+            out.write(f"  {pad(name, w)}  {r_['dtype']:<14} {str(tuple(r_['shape'])):<20} "
                       f"{_human(r_['bytes']):>10} {r_['offset']:>12}\n")
         out.write(f"  {len(rows)} tensors, {_human(total)} of data, {_human(d.byte_length)} with padding\n")
         summary = _record_summary(d.metadata)
@@ -166,10 +166,10 @@ def _inspect_other(path: str, fmt: str, as_json: bool, out) -> None:
             out.write("\n")
             return
         out.write(f"{path}  (format {fmt})\n")
-        w = max([4] + [len(r["name"]) for r in rows])
+        names, w = column(r["name"] for r in rows)
         out.write(f"  {'name':<{w}}  {'dtype':<14} {'shape':<20} {'size':>10}\n")
-        for r in rows:
-            out.write(f"  {r['name']:<{w}}  {r['dtype']:<14} {str(tuple(r['shape'])):<20} {_human(r['bytes']):>10}\n")
+        for name, r in zip(names, rows):
+            out.write(f"  {pad(name, w)}  {r['dtype']:<14} {str(tuple(r['shape'])):<20} {_human(r['bytes']):>10}\n")
         out.write(f"  {len(rows)} tensors, {_human(total)} of data\n")
         if src.metadata is not None:
             text = json.dumps(src.metadata, indent=2)
@@ -198,14 +198,14 @@ def _inspect_dcp(path: str, fmt: str, as_json: bool, out) -> None:
         save = f", save {ckpt.save_id}" if fmt == "dcp" else ""
         out.write(f"{path}  (format {fmt}: {layout}{save}, {len(src.files)} data file"
                   f"{'s' if len(src.files) != 1 else ''}, DCP {ckpt.dcp_version})\n")
-        w = max([4] + [len(r["name"]) for r in rows] + [len(v["name"]) for v in values])
+        names, w = column([r["name"] for r in rows] + [v["name"] for v in values])
         out.write(f"  {'name':<{w}}  {'dtype':<14} {'shape':<20} {'chunks':>6} {'size':>10}\n")
-        for r in rows:
-            out.write(f"  {r['name']:<{w}}  {r['dtype']:<14} {str(tuple(r['shape'])):<20} {r['chunks']:>6} "
+        for name, r in zip(names, rows):
+            out.write(f"  {pad(name, w)}  {r['dtype']:<14} {str(tuple(r['shape'])):<20} {r['chunks']:>6} "
                       f"{_human(r['bytes']):>10}\n")
-        for v in values:
+        for name, v in zip(names[len(rows):], values):
             kind = "value (" + ("pickle" if v["encoding"] == "torch_save" else v["encoding"]) + ")"
-            out.write(f"  {v['name']:<{w}}  {kind:<14} {'':<20} {'':>6} {_human(v['bytes']):>10}\n")
+            out.write(f"  {pad(name, w)}  {kind:<14} {'':<20} {'':>6} {_human(v['bytes']):>10}\n")
         chunks = sum(r["chunks"] for r in rows)
         out.write(f"  {len(rows)} tensors in {chunks} chunks, {_human(total)} of data; {len(values)} "
                   f"value{'s' if len(values) != 1 else ''}\n")

@@ -16,7 +16,7 @@ import pytest
 
 import tensorlist as tl
 from tensorlist import _tree
-from tensorlist._terminal import escape_controls
+from tensorlist._terminal import display_width, escape_controls
 from tensorlist.cli import main
 
 #: ESC (a colour CSI), BEL, an OSC setting the window title, a C1 CSI (U+009B), a bidi override, a line separator.
@@ -78,6 +78,24 @@ def test_inspect_of_another_format_escapes_its_names(tmp_path, capsys):
     capsys.readouterr()
     rc, text = _run(capsys, "inspect", os.fspath(tmp_path / "a.safetensors"))
     assert rc == 0 and SHOWN in text
+
+
+@pytest.mark.parametrize("fmt", ["tl", "safetensors"])
+def test_inspect_columns_line_up_for_escaped_and_wide_names(tmp_path, capsys, fmt):
+    """Column widths are those of the names as printed: escaped controls, two columns per wide character."""
+    names = [EVIL, "名前の重み", "plain", "e\u0301"]  # a combining accent takes no column
+    tl.save(tmp_path / "w.tl", {n: np.zeros(i + 1, np.float32) for i, n in enumerate(names)})
+    path = tmp_path / "w.tl"
+    if fmt == "safetensors":
+        pytest.importorskip("safetensors", reason="safetensors files need safetensors")
+        assert main(["convert", os.fspath(path), os.fspath(tmp_path / "w.safetensors")]) == 0
+        capsys.readouterr()
+        path = tmp_path / "w.safetensors"
+    rc, text = _run(capsys, "inspect", os.fspath(path))
+    rows = [line for line in text.splitlines() if "float32" in line or line.strip().startswith("name ")]
+    assert rc == 0 and len(rows) == 5
+    starts = {display_width(line[:line.index("float32" if "float32" in line else "dtype")]) for line in rows}
+    assert len(starts) == 1, rows
 
 
 def test_validate_escapes_errors_and_file_names(tmp_path, capsys):
