@@ -39,7 +39,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from . import _jax_shards, _tree, reader
+from . import _jax_bridge, _jax_shards, _tree, reader
 from . import jax as tl_jax
 from .errors import FormatError
 from .format import DEFAULT_ALIGNMENT, confine
@@ -96,13 +96,24 @@ def _host_copy(leaf: Any) -> Any:
     return leaf
 
 
+def _orbax_target(item: Any) -> Any:
+    """Orbax's restore ``item`` as ``tensorlist.jax.load``'s target tree: a None in it means "do not restore"."""
+    if item is None or isinstance(item, jax.sharding.Sharding):
+        return item
+    return jax.tree_util.tree_map(lambda x: tl_jax.SKIP if x is None else x, item, is_leaf=lambda x: x is None)
+
+
 def _restore(directory, target: Any, device: Any, verify: bool) -> Any:
-    """Loads the item directory's tree onto ``target`` (an abstract tree, a Sharding or None) or ``device``."""
+    """Loads the item directory's tree onto ``target`` (an Orbax item, a Sharding or None) or ``device``.
+
+    Orbax's semantics for the item: a None in it leaves that leaf or subtree
+    out (it comes back None); a leaf of another dtype casts (``cast=True``).
+    """
     directory = os.fspath(directory)
     for name in (TREE_FILE, SHARDED_DIR):
         path = confine(directory, name, what="item file", where="Orbax item directory")
         if os.path.lexists(path):
-            return tl_jax.load(path, sharding=target, device=device, verify=verify)
+            return tl_jax.load(path, sharding=_orbax_target(target), device=device, verify=verify, cast=True)
     raise FileNotFoundError(f"{directory}: no tensorlist item here (neither {TREE_FILE} nor {SHARDED_DIR}/); "
                             "was it saved with TensorListCheckpointHandler?")
 
@@ -121,8 +132,8 @@ def _abstract(directory) -> Optional[Any]:
             header = _tree.tree_header(r.descriptor.metadata, file=r.path)
             if header is None:
                 return None
-            shapes = {n: jax.ShapeDtypeStruct(tuple(r.info(n).shape), r.info(n).dtype.numpy) for n in r.keys()}
-            return _tree.decode(header["tree"], shapes, file=r.path, field=tl_jax.TREE_FIELD)
+            shapes = {n: (tuple(r.info(n).shape), r.info(n).dtype.numpy) for n in r.keys()}
+            return _abstract_tree(header["tree"], shapes, r.path, tl_jax.TREE_FIELD)
     path = confine(directory, SHARDED_DIR, what="item file", where="Orbax item directory")
     if os.path.lexists(path) and not os.path.isdir(path):
         raise FormatError(f"is not a directory: a sharded item's {SHARDED_DIR}/ holds its shards", file=path)
@@ -131,9 +142,20 @@ def _abstract(directory) -> Optional[Any]:
             header = _tree.tree_header(ck.header, file=ck.metadata_file, field=SHARDED_TREE_FIELD)
             if header is None:
                 return None
-            shapes = {n: jax.ShapeDtypeStruct(ck.shape(n), ck.dtype(n)) for n in ck.names()}
-            return _tree.decode(header["tree"], shapes, file=ck.metadata_file, field=SHARDED_TREE_FIELD + "/tree")
+            shapes = {n: (tuple(ck.shape(n)), ck.dtype(n)) for n in ck.names()}
+            return _abstract_tree(header["tree"], shapes, ck.metadata_file, SHARDED_TREE_FIELD + "/tree")
     return None
+
+
+def _abstract_tree(spec: Any, shapes: dict, file: str, field: str) -> Any:
+    """The tree of ``spec`` with a ShapeDtypeStruct per leaf (a PRNG key leaf's: the key array's, not its data's)."""
+    plan = _tree.check(spec, shapes.keys(), file=file, field=field)
+    leaves = {}
+    for n, (shape, dtype) in shapes.items():
+        impl = plan.key_impls.get(n)
+        leaves[n] = (jax.ShapeDtypeStruct(shape, dtype) if impl is None else
+                     _jax_bridge.abstract_key(shape, impl))
+    return _tree.build(plan, leaves)
 
 
 class TensorListCheckpointHandler(ocp.AsyncCheckpointHandler):

@@ -90,6 +90,24 @@ def assert_tree_equal(expected, actual):
     test_utils.assert_tree_equal(CASE, expected, actual)
 
 
+def assert_values_on_default_device(expected, actual):
+    """tensorlist's restore without a sharding to go by: the same values (and key impls), each on one device."""
+    def _eq(x, y):
+        if x is None:
+            return
+        if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            assert jax.random.key_impl(x) == jax.random.key_impl(y)
+            x, y = jax.random.key_data(x), jax.random.key_data(y)
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+        assert y.devices() == {jax.devices()[0]}
+    jax.tree.map(_eq, expected, actual, is_leaf=lambda x: x is None)
+
+
+#: Why tensorlist's leaves may land elsewhere than Orbax's: the file records shapes and dtypes, not the saving
+#: program's meshes; a leaf with no sharding in the target goes to jax's default device.
+NO_SAVED_SHARDING = "the file records no sharding"
+
+
 def test_basic(impl, trees, tmp_path):
     impl.save(tmp_path / "c", trees["sharded"])
     assert_tree_equal(trees["sharded"], impl.restore(tmp_path / "c", trees["zeros"]))
@@ -97,13 +115,26 @@ def test_basic(impl, trees, tmp_path):
 
 def test_basic_no_item_arg(impl, trees, tmp_path):
     impl.save(tmp_path / "c", trees["sharded"])
-    assert_tree_equal(trees["sharded"], impl.restore(tmp_path / "c"))
+    if impl.name == "stock":
+        assert_tree_equal(trees["sharded"], impl.restore(tmp_path / "c"))
+    else:  # DIFFERS: NO_SAVED_SHARDING: without a target every leaf goes to jax's default device
+        assert_values_on_default_device(trees["sharded"], impl.restore(tmp_path / "c"))
 
 
 def test_shape_dtype_struct(impl, trees, tmp_path):
     impl.save(tmp_path / "c", trees["mixed"])
     target = jax.tree.map(ocp.utils.to_shape_dtype_struct, trees["mixed"])
-    assert_tree_equal(trees["mixed"], impl.restore(tmp_path / "c", target))
+    restored = impl.restore(tmp_path / "c", target)
+    if impl.name == "stock" or jax.config.jax_enable_x64:
+        assert_tree_equal(trees["mixed"], restored)
+    else:  # DIFFERS: leaves come back as jax.Arrays, so numpy's int64 as jax holds it without x64 (int32)
+        def _eq(want, got):
+            if isinstance(want, (int, float)):
+                assert type(got) is type(want) and got == want
+                return
+            assert got.dtype == jax.dtypes.canonicalize_dtype(want.dtype)
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+        jax.tree.map(_eq, trees["mixed"], restored)
 
 
 def test_restored_leaves_keep_the_target_sharding(impl, trees, tmp_path):
@@ -160,8 +191,12 @@ def test_flax_model(impl, trees, tmp_path):
 
 
 def test_empty_error(impl, tmp_path):
-    with pytest.raises(ValueError):
+    if impl.name == "stock":
+        with pytest.raises(ValueError):
+            impl.save(tmp_path / "c", {})
+    else:  # DIFFERS: an empty tree is a valid tensorlist file (no tensors, its spec {}), restored as {}
         impl.save(tmp_path / "c", {})
+        assert impl.restore(tmp_path / "c") == {}
 
 
 def test_empty_dict_node(impl, tmp_path):
@@ -193,7 +228,13 @@ def test_masked_shape_dtype_struct(impl, trees, tmp_path):
     impl.save(tmp_path / "c", masked)
     for target in (jax.tree.map(ocp.utils.to_shape_dtype_struct, trees["sharded"]),
                    jax.tree.map(ocp.utils.to_shape_dtype_struct, masked), None):
-        assert_tree_equal(expected, impl.restore(tmp_path / "c", target))
+        restored = impl.restore(tmp_path / "c", target)
+        if impl.name == "stock" or target is not None:
+            assert_tree_equal(expected, restored)
+        else:  # DIFFERS: NO_SAVED_SHARDING
+            assert_values_on_default_device(expected, restored)
+        if impl.name == "tensorlist":  # the MaskedNodes come back as such (the check above takes them for None)
+            assert restored["a"] == optax.MaskedNode() and restored["c"]["e"] == optax.MaskedNode()
 
 
 def test_custom_metadata(impl, trees, tmp_path):
@@ -220,7 +261,10 @@ def test_with_random_keys(impl, trees, tmp_path):
     impl.save(tmp_path / "c", pytree)
     assert_tree_equal(pytree, impl.restore(tmp_path / "c", zeros))
     assert_tree_equal(pytree, impl.restore(tmp_path / "c", jax.tree.map(ocp.utils.to_shape_dtype_struct, zeros)))
-    assert_tree_equal(pytree, impl.restore(tmp_path / "c", jax.eval_shape(lambda: zeros)))
+    if impl.name == "stock":
+        assert_tree_equal(pytree, impl.restore(tmp_path / "c", jax.eval_shape(lambda: zeros)))
+    else:  # DIFFERS: NO_SAVED_SHARDING (jax.eval_shape's leaves have none)
+        assert_values_on_default_device(pytree, impl.restore(tmp_path / "c", jax.eval_shape(lambda: zeros)))
 
 
 def test_save_restore_random_keys_with_jax_eval_shape(impl, tmp_path):
