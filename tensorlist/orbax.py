@@ -90,7 +90,13 @@ def _save(directory, tree: Any, metadata: Any, *, alignment: int, checksum: bool
 
 
 def _host_copy(leaf: Any) -> Any:
-    """A host copy of an array leaf (what an async save writes later); anything else as it is."""
+    """A host copy of an array leaf (what an async save writes later); anything else as it is.
+
+    A PRNG key array has no numpy form: its key data is copied, and wrapped again (keys are small).
+    """
+    impl = _jax_bridge.key_impl(leaf)
+    if impl is not None:
+        return _jax_bridge.wrap_key(np.array(_jax_bridge.key_data(leaf), copy=True), impl, None, "")
     if isinstance(leaf, jax.Array) or isinstance(leaf, np.ndarray):
         return np.array(leaf, copy=True)
     return leaf
@@ -389,11 +395,17 @@ class TensorListHandler:
         return _abstract(directory)
 
     def is_handleable(self, checkpointable: Any) -> bool:
-        """Any pytree whose leaves are arrays (``jax.Array``, numpy) or ``None``."""
+        """Any pytree whose leaves are arrays (``jax.Array`` and its PRNG keys, numpy), Python scalars or ``None``."""
         leaves = jax.tree_util.tree_leaves(checkpointable)
-        return bool(leaves) and all(hasattr(x, "shape") and hasattr(x, "dtype") for x in leaves)
+        return bool(leaves) and all((hasattr(x, "shape") and hasattr(x, "dtype")) or type(x) in _SCALARS
+                                    for x in leaves)
 
     def is_abstract_handleable(self, abstract_checkpointable: Any) -> Optional[bool]:
-        """A tree of ``jax.ShapeDtypeStruct`` / ``Sharding`` leaves (``None`` is always taken)."""
+        """A tree of ``jax.ShapeDtypeStruct`` / ``Sharding`` / array / Python scalar leaves (``None`` always)."""
         leaves = jax.tree_util.tree_leaves(abstract_checkpointable)
-        return all(isinstance(x, (jax.ShapeDtypeStruct, jax.sharding.Sharding)) for x in leaves)
+        return all(isinstance(x, (jax.ShapeDtypeStruct, jax.sharding.Sharding, jax.Array)) or type(x) in _SCALARS
+                   for x in leaves)
+
+
+#: The Python scalars a tree stores as values (``_tree``'s ``scalar`` node).
+_SCALARS = (bool, int, float)
