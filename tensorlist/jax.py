@@ -10,9 +10,20 @@ so every node comes back as what it was: dicts (str and int keys, in their
 order), OrderedDicts, lists, tuples, ``None``, namedtuples, Flax's
 ``FrozenDict``; an NNX ``State`` is stored through its pure dict
 (``nnx.to_pure_dict``) and comes back as that pure dict (see
-:func:`load_nnx`). A Python scalar leaf (``{"step": 3}``) is refused, naming
-its path: its dtype would be a guess; store ``jnp.asarray(3, jnp.int32)`` or
-put it in ``metadata=``.
+:func:`load_nnx`). What Orbax's trees hold besides arrays is kept too: a
+Python ``bool``/``int``/``float`` leaf (``{"step": 3}``) is a value in the
+spec and comes back as the same type; a typed PRNG key array
+(``jax.random.key``) is stored as its key data with its impl and comes back
+typed; any other node registered with jax (a ``flax.struct`` dataclass such
+as ``TrainState``) is stored by its key paths and comes back as a dict, or as
+the target's type when ``load`` is given a target tree holding one (its
+static fields, ``apply_fn`` and ``tx``, are the target's: they are not saved).
+
+A restore target (``load(sharding=tree)``) may hold, per leaf, a Sharding, a
+Device, a ``jax.ShapeDtypeStruct`` or a live array (its shape, dtype and
+sharding), None (the default device) or :data:`SKIP` (not read);
+``cast=True`` converts a leaf to its target's dtype. ``tensorlist.orbax``
+restores through these with Orbax's semantics (an item's None is SKIP, casts on).
 
 Loading onto a CPU device copies nothing: each leaf is ``jax.device_put`` of
 the 64-byte aligned read-only mapped view, which jax aliases (bfloat16 and
@@ -136,7 +147,9 @@ def save(path, tree: Any, *, metadata: Any = None, sharded: bool = False, alignm
             directory (``sharded=True``).
         tree: dicts (str or int keys), OrderedDicts, lists, tuples,
             namedtuples, ``None``, ``flax.core.FrozenDict``, ``nnx.State``,
-            with jax or numpy arrays as leaves.
+            other nodes registered with jax (``flax.struct`` dataclasses),
+            with jax or numpy arrays, typed PRNG key arrays and Python
+            bool/int/float values as leaves.
         metadata: any JSON value, returned by ``tensorlist.open(path).metadata["metadata"]``.
         sharded: write a checkpoint directory, each process its addressable
             shards (replica 0 only): needed for arrays sharded across processes.
@@ -144,9 +157,10 @@ def save(path, tree: Any, *, metadata: Any = None, sharded: bool = False, alignm
             64-byte default or a multiple: jax aliases 64-byte aligned buffers).
 
     Raises:
-        TypeError: a leaf that is not an array (a Python scalar, a string), a
-            dtype tensorlist does not store, a key neither str nor int, a
-            container that would come back as another type; each naming its path.
+        TypeError: a leaf that is not an array (a string), a dtype tensorlist
+            does not store, a key neither str nor int, a container that would
+            come back as another type, an int outside int64's range, a PRNG
+            key of an impl not in ``_tree.PRNG_KEY_IMPLS``; each naming its path.
         ValueError: an array sharded across processes without ``sharded=True``;
             a tree deeper than ``_tree.MAX_TREE_DEPTH``.
 

@@ -299,8 +299,9 @@ class TensorListSave(ocp.args.CheckpointArgs):
 
     Attributes:
         item: the pytree (dicts, lists, tuples, namedtuples, ``None`` leaves,
-            Flax ``FrozenDict``; leaves ``jax.Array`` or numpy arrays), as
-            :func:`tensorlist.jax.save` takes it.
+            Flax ``FrozenDict``, ``flax.struct`` dataclasses such as
+            ``TrainState``; leaves ``jax.Array``, numpy arrays, PRNG key
+            arrays, Python bool/int/float), as :func:`tensorlist.jax.save` takes it.
         metadata: any JSON value, stored with the tree.
         sharded: None (default): one file ``tree.tl`` when this process holds
             every leaf whole, else the sharded directory ``tree/``, every
@@ -320,12 +321,17 @@ class TensorListRestore(ocp.args.CheckpointArgs):
     """How :class:`TensorListCheckpointHandler` restores.
 
     Attributes:
-        item: the target, an abstract tree matching the saved one (``None``
-            leaves allowed) of ``jax.ShapeDtypeStruct`` with shardings or of
-            ``Sharding`` objects, as ``StandardRestore(item)`` takes it; each
-            leaf is placed (and resharded) as its target says, reading only the
-            slices the local devices need; shape or dtype disagreeing with the
-            file is an error naming the path.
+        item: the target, as ``StandardRestore(item)`` takes it: a tree
+            matching the saved one of ``jax.ShapeDtypeStruct``s (with
+            shardings), live ``jax.Array``s, numpy arrays or ``Sharding``s,
+            Python scalars where the file holds scalars, and registered pytree
+            nodes (a ``TrainState``: restored as that type). Each leaf is
+            placed (and resharded) as its target says, reading only the slices
+            the local devices need; a target of another dtype casts, as
+            Orbax's; another shape is an error naming the path. A ``None``
+            leaves that leaf or subtree out (it comes back None, unread), as in
+            Orbax. Leaves without a sharding go to jax's default device (the
+            file records no sharding).
         sharding: one ``jax.sharding.Sharding`` for every leaf (instead of
             ``item``).
         device: one ``jax.Device`` for every leaf; default: jax's default device.
