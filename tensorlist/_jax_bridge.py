@@ -22,7 +22,8 @@ jax arrays are immutable.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+import functools
+from typing import Any, Optional, Tuple
 
 import jax
 import numpy as np
@@ -30,7 +31,7 @@ import numpy as np
 from . import _dtypes
 from .errors import UnsupportedDTypeError
 
-__all__ = ["to_numpy", "put", "check_dtype", "is_array", "XLA_ALIGNMENT"]
+__all__ = ["to_numpy", "put", "check_dtype", "is_array", "key_impl", "key_data", "wrap_key", "abstract_key", "XLA_ALIGNMENT"]
 
 #: Alignment (bytes) at which ``jax.device_put`` of a host view aliases it on a
 #: CPU device instead of copying (XLA's minimum buffer alignment).
@@ -42,6 +43,53 @@ _PY_SCALARS = (bool, int, float, complex)
 def is_array(value: Any) -> bool:
     """Whether ``value`` is a ``jax.Array`` (committed or not, sharded or not)."""
     return isinstance(value, jax.Array)
+
+
+def key_impl(value: Any) -> Optional[str]:
+    """The impl name (``"threefry2x32"``, ``"rbg"``...) of a typed PRNG key array or its abstract value, else None.
+
+    Example:
+        >>> key_impl(jax.random.key(0, impl="rbg")), key_impl(jax.numpy.zeros(2))
+        ('rbg', None)
+    """
+    dtype = getattr(value, "dtype", None)
+    if dtype is None or not isinstance(value, (jax.Array, jax.ShapeDtypeStruct)):
+        return None
+    try:
+        if not jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+            return None
+    except TypeError:  # a dtype jax does not know (a numpy array's object dtype...)
+        return None
+    return str(dtype._impl.name)  # jax.random.key_impl takes arrays only, not ShapeDtypeStructs
+
+
+def abstract_key(data_shape: Tuple[int, ...], impl: str) -> jax.ShapeDtypeStruct:
+    """The ShapeDtypeStruct of the PRNG key array of ``impl`` over key data of ``data_shape`` (no array made)."""
+    return jax.eval_shape(functools.partial(jax.random.wrap_key_data, impl=impl),
+                          jax.ShapeDtypeStruct(data_shape, np.uint32))
+
+
+def key_data(keys: jax.Array) -> jax.Array:
+    """The uint32 key data of a typed PRNG key array (``jax.random.key_data``: its shape plus the impl's)."""
+    return jax.random.key_data(keys)
+
+
+def wrap_key(data: Any, impl: str, target: Optional[Any], name: str) -> jax.Array:
+    """A typed PRNG key array of ``impl`` over ``data`` (uint32 key data, host or jax), placed on ``target``.
+
+    ``target``: None (where ``data`` is, or jax's default device for host
+    data), a ``jax.Device`` or a ``jax.sharding.Sharding`` of the key array's
+    shape. Keys are small; they are made on one device and then moved.
+
+    Raises:
+        TypeError: ``data`` is not the key data of ``impl`` (dtype or trailing shape), naming the tensor.
+    """
+    try:
+        keys = jax.random.wrap_key_data(data, impl=impl)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"tensor {name!r}: its {np.dtype(data.dtype)} {tuple(data.shape)} values are not the key "
+                        f"data of a {impl} PRNG key ({e})") from None
+    return keys if target is None else jax.device_put(keys, target)
 
 
 def check_dtype(dtype, name: str, *, downcast: bool = False) -> np.dtype:
@@ -115,10 +163,12 @@ def to_numpy(x: Any, name: str) -> np.ndarray:
                 f"tensor {name!r}: this jax.Array is sharded across processes (not fully addressable): "
                 "no process holds its whole value; save it with tensorlist.jax.save(path, tree, sharded=True)")
         a = np.asarray(x)
+    elif isinstance(x, np.generic):  # before the Python scalars: np.float64 subclasses float
+        a = np.asarray(x)
     elif isinstance(x, _PY_SCALARS):
         raise TypeError(
             f"tensor {name!r}: a Python {type(x).__name__} ({x!r}) is not an array, and its dtype would be a "
-            "guess: store it as an array (jnp.asarray(x, dtype)) or in metadata=")
+            "guess: store it as an array (jnp.asarray(x, dtype)); tensorlist.jax.save keeps it in the tree")
     elif isinstance(x, np.ndarray):
         a = x
     elif hasattr(x, "__array__") or hasattr(x, "__array_interface__") or isinstance(x, np.generic):
@@ -132,7 +182,8 @@ def to_numpy(x: Any, name: str) -> np.ndarray:
     return a
 
 
-def put(view: np.ndarray, target: Optional[Any], name: str, *, downcast: bool = False) -> jax.Array:
+def put(view: np.ndarray, target: Optional[Any], name: str, *, downcast: bool = False,
+        dtype: Optional[Any] = None) -> jax.Array:
     """A jax.Array of ``view``'s values on ``target``; zero-copy onto a CPU device where jax allows it.
 
     Args:
@@ -143,6 +194,9 @@ def put(view: np.ndarray, target: Optional[Any], name: str, *, downcast: bool = 
         name: the tensor's name, quoted in messages.
         downcast: convert a 64-bit dtype to 32 bits when ``jax_enable_x64`` is
             off (a copy that truncates) instead of refusing it.
+        dtype: convert to this dtype (numpy's ``astype``, block by block: a
+            copy) instead of keeping the stored one; it must be a dtype jax
+            holds (see :func:`check_dtype`), the stored one need not be.
 
     Safety:
         Aliased pages stay mapped as long as the jax array lives (jax keeps
@@ -157,14 +211,17 @@ def put(view: np.ndarray, target: Optional[Any], name: str, *, downcast: bool = 
         >>> put(np.arange(4, dtype=np.float32), None, "w").shape
         (4,)
     """
-    dt = check_dtype(view.dtype, name, downcast=downcast)
-    if view.dtype != dt:  # a foreign byte order, or the opted-in 64 -> 32 bit conversion
+    dt = check_dtype(view.dtype if dtype is None else dtype, name, downcast=downcast)
+    sharded = isinstance(target, jax.sharding.Sharding) and len(target.device_set) > 1
+    if view.dtype != dt and not sharded:  # a foreign byte order, the opted-in 64 -> 32 bit conversion, a cast
         view = view.astype(dt)
     if target is None or isinstance(target, jax.Device):
         return jax.device_put(view, target)
     if isinstance(target, jax.sharding.Sharding):
-        if len(target.device_set) == 1:
+        if not sharded:
             return jax.device_put(view, target)
+        if view.dtype != dt:  # each device's block converted alone: no whole-array copy
+            return jax.make_array_from_callback(view.shape, target, lambda index: view[index].astype(dt))
         return jax.make_array_from_callback(view.shape, target, lambda index: view[index])
     raise TypeError(f"tensor {name!r}: target must be None, a jax.Device or a jax.sharding.Sharding, "
                     f"not {type(target).__name__}")

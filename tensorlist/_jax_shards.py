@@ -390,7 +390,7 @@ class ShardedCheckpoint:
             self._verified.add(entry.key)
         return self._shards.array(entry)
 
-    def load(self, name: str, target: Any = None, *, downcast: bool = False) -> jax.Array:
+    def load(self, name: str, target: Any = None, *, downcast: bool = False, dtype: Any = None) -> jax.Array:
         """The array ``name`` as a ``jax.Array`` on ``target``, reading only the bytes its local devices need.
 
         Args:
@@ -400,6 +400,7 @@ class ShardedCheckpoint:
                 (its shape and dtype checked against the saved ones, its
                 ``.sharding`` used, or the default device without one).
             downcast: convert 64-bit values to 32 bits when ``jax_enable_x64`` is off.
+            dtype: convert to this dtype (each device's block) instead of the saved one.
 
         Raises:
             KeyError: no such array.
@@ -407,16 +408,17 @@ class ShardedCheckpoint:
             TypeError: a dtype jax cannot hold (or 64-bit without ``jax_enable_x64``).
         """
         t = self._meta(name)
-        shape, dtype = tuple(t.size), self.dtype(name)
+        shape, saved = tuple(t.size), self.dtype(name)
         if isinstance(target, jax.ShapeDtypeStruct):
-            if tuple(target.shape) != shape or np.dtype(target.dtype) != dtype:
+            if tuple(target.shape) != shape or np.dtype(target.dtype) != saved:
                 raise FormatError(f"array {name!r} is saved as {t.dtype}{list(shape)}; the target asks for "
                                   f"{np.dtype(target.dtype).name}{list(target.shape)}", file=self.metadata_file,
                                   field=f"/stateDict/{escape_pointer(name)}")
             target = target.sharding
-        _jax_bridge.check_dtype(dtype, name, downcast=downcast)
+        _jax_bridge.check_dtype(saved if dtype is None else dtype, name, downcast=downcast)
         if target is None or isinstance(target, jax.Device):
-            return _jax_bridge.put(self._block(t, ((0,) * len(shape), shape)), target, name, downcast=downcast)
+            return _jax_bridge.put(self._block(t, ((0,) * len(shape), shape)), target, name, downcast=downcast,
+                                   dtype=dtype)
         if not isinstance(target, jax.sharding.Sharding):
             raise TypeError(f"array {name!r}: target must be None, a jax.Device, a jax.sharding.Sharding or a "
                             f"jax.ShapeDtypeStruct, not {type(target).__name__}")
@@ -428,7 +430,8 @@ class ShardedCheckpoint:
                 blocks[box] = self._block(t, box)
             devices.append(device)
             parts.append(blocks[box])
-        arrays = [_jax_bridge.put(part, device, name, downcast=downcast) for part, device in zip(parts, devices)]
+        arrays = [_jax_bridge.put(part, device, name, downcast=downcast, dtype=dtype)
+                  for part, device in zip(parts, devices)]
         return jax.make_array_from_single_device_arrays(shape, target, arrays)
 
     def _intersecting(self, t: TensorMeta, box: Box) -> Iterator[Tuple[Box, Tuple[slice, ...], Tuple[slice, ...]]]:

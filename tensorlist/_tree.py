@@ -8,11 +8,23 @@ object per node, so that every node comes back as what it was::
     {"kind": "list", "children": [...]}        {"kind": "tuple", "children": [...]}
     {"kind": "namedtuple", "type": "pkg.mod:Point", "fields": ["x", "y"], "children": [...]}
     {"kind": "none"}                            {"kind": "leaf", "name": "params/dense/kernel"}
+    {"kind": "scalar", "type": "int", "value": 3}   (a Python bool, int or float: no tensor)
+    {"kind": "key", "name": "rng", "impl": "threefry2x32"}   (a typed PRNG key array: its key data)
+    {"kind": "pytree", "type": "flax.training.train_state:TrainState", "keys": ["step", ...], "children": [...]}
 
 plus the kinds an adapter registers (:func:`register`: ``flax.FrozenDict``,
 ``nnx.State``). A key is a str or an int, kept apart (a list index, the dict
 key ``0`` and the dict key ``"0"`` are three different specs, though they
-print alike). Leaves are named by their key path joined by ``/``
+print alike). A ``scalar`` keeps a Python ``bool``/``int``/``float`` leaf
+(exactly those types: a numpy scalar is an array leaf) as a JSON value with
+its type, so that it comes back as the same type: an int within int64's range,
+a float finite or one of the strings :data:`NON_FINITE` (strict JSON has no
+NaN or Infinity). A ``key`` is a leaf whose tensor holds the key data of a
+typed PRNG key array of one of :data:`PRNG_KEY_IMPLS`. A ``pytree`` is a
+container the codec does not know but the caller's ``other`` flattens (jax's
+registered pytree nodes: ``flax.struct`` dataclasses), kept as its type's name
+(for messages; never resolved) with its keys and children: the codec rebuilds
+it as a dict, a loader with a target of that type rebuilds the type. Leaves are named by their key path joined by ``/``
 (``params/dense/kernel``; a root leaf is :data:`ROOT_NAME`); two paths that
 print alike get a ``~1``, ``~2``... suffix in the order met, so names are
 unique, and only the spec, never the names, rebuilds the tree.
@@ -45,7 +57,8 @@ from ._loaded import class_mro, loaded_object, static_attr
 from .errors import FormatError, short_repr
 
 __all__ = ["JAX_TREE_FORMAT", "ADAPTER_KINDS", "MAX_TREE_DEPTH", "ROOT_NAME", "NodeType", "register", "unregister", "encode", "check",
-           "build", "decode", "render", "node_of", "make_header", "tree_header", "Plan", "MAX_REBUILT_FIELDS"]
+           "build", "decode", "render", "node_of", "make_header", "tree_header", "Plan", "MAX_REBUILT_FIELDS",
+           "PRNG_KEY_IMPLS", "NON_FINITE", "SCALAR_TYPES"]
 
 #: The ``format`` of the metadata a tree file carries:
 #: ``{"format": JAX_TREE_FORMAT, "tree": <spec>, "metadata": <user metadata>}``.
@@ -65,12 +78,27 @@ DEDUPE_SEPARATOR = "~"
 #: :func:`check` even where the adapter is not imported (``tensorlist validate`` imports no framework).
 ADAPTER_KINDS = {"flax.FrozenDict": True, "nnx.State": True}
 
+#: The PRNG key implementations a ``key`` node may name (jax's built-in ones), each with the trailing shape
+#: of its uint32 key data: ``jax.random.key_data`` of a key array of shape S has the shape S + this.
+PRNG_KEY_IMPLS = {"threefry2x32": (2,), "rbg": (4,), "unsafe_rbg": (4,)}
+
+#: How a ``scalar`` node of type ``float`` writes the values strict JSON has no number for.
+NON_FINITE = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf")}
+
+#: A ``scalar`` node's ``type`` -> the Python type it comes back as.
+SCALAR_TYPES = {"bool": bool, "int": int, "float": float}
+
+#: The range of a ``scalar`` int (int64's: any JSON reader of the descriptor, the C core's too, holds it).
+_INT_RANGE = (-2 ** 63, 2 ** 63 - 1)
+
 _SEQUENCE_KINDS = ("list", "tuple")
 _KEYED_KINDS = ("dict", "ordereddict")
 _FIELDS = {
     "dict": {"kind", "keys", "children"}, "ordereddict": {"kind", "keys", "children"},
     "list": {"kind", "children"}, "tuple": {"kind", "children"},
     "namedtuple": {"kind", "type", "fields", "children"}, "none": {"kind"}, "leaf": {"kind", "name"},
+    "scalar": {"kind", "type", "value"}, "key": {"kind", "name", "impl"},
+    "pytree": {"kind", "type", "keys", "children"},
 }
 
 
@@ -139,16 +167,25 @@ def _registered() -> List[Tuple[NodeType, type]]:
     return [(nt, t) for nt, t in ((nt, nt.type()) for nt in _REGISTRY.values()) if t is not None]
 
 
-def node_of(obj: Any, path: str = "", registered: Optional[List[Tuple[NodeType, type]]] = None):
-    """``(kind, keys, children, extra)`` of a container ``obj``, None for a leaf (``path`` for messages).
+def node_of(obj: Any, path: str = "", registered: Optional[List[Tuple[NodeType, type]]] = None,
+            other: Optional[Callable[[Any], Optional[Tuple[str, List[Any], List[Any]]]]] = None):
+    """``(kind, keys, children, extra)`` of a node ``obj``, None for a leaf (``path`` for messages).
 
     ``keys`` is None for a sequence kind; a namedtuple's ``extra`` holds its
-    ``type`` and ``fields``. ``registered``: ``_registered()``, if the caller
-    asks about many objects at once.
+    ``type`` and ``fields``, a scalar's its ``type`` and ``value``, a pytree's
+    its ``type``. ``registered``: ``_registered()``, if the caller asks about
+    many objects at once. ``other``: ``obj -> (type name, keys, children)`` of
+    a container the codec does not know, or None for a leaf (jax's registered
+    pytree nodes, from ``tensorlist.jax``).
+
+    Raises:
+        TypeError: a subclass of dict, list or tuple; an int outside int64's range.
     """
     if obj is None:
         return "none", None, [], {}
     t = type(obj)
+    if t is bool or t is int or t is float:  # exactly these: numpy's float64 subclasses float, and is an array
+        return "scalar", None, [], {"type": t.__name__, "value": _scalar_value(obj, path)}
     if t is dict or t is collections.OrderedDict:
         return ("dict" if t is dict else "ordereddict"), list(obj.keys()), list(obj.values()), {}
     if t is list or t is tuple:
@@ -164,28 +201,48 @@ def node_of(obj: Any, path: str = "", registered: Optional[List[Tuple[NodeType, 
         raise TypeError(f"tree at {path or '(root)'}: a {t.__module__}.{t.__qualname__} (a subclass of "
                         f"{[b.__name__ for b in (dict, list, tuple) if isinstance(obj, b)][0]}) would come back "
                         "as another type: convert it to a plain dict, list or tuple first")
+    found = other(obj) if other is not None else None
+    if found is not None:
+        type_name, keys, children = found
+        return "pytree", list(keys), list(children), {"type": type_name}
     return None
 
 
-def encode(tree: Any) -> Tuple[Dict[str, Any], List[Tuple[str, Any]]]:
+def _scalar_value(x: Any, path: str) -> Any:
+    """The JSON value of a Python bool, int or float (non-finite floats as their :data:`NON_FINITE` name)."""
+    if type(x) is int and not _INT_RANGE[0] <= x <= _INT_RANGE[1]:
+        raise TypeError(f"tree at {path or '(root)'}: the int {short_repr(x)} is outside int64's range, which "
+                        "a tree file stores: store it as a string in metadata=")
+    if type(x) is float and x != x:
+        return "nan"
+    if type(x) is float and x in (float("inf"), float("-inf")):
+        return "inf" if x > 0 else "-inf"
+    return x
+
+
+def encode(tree: Any, *, other: Optional[Callable[[Any], Optional[Tuple[str, List[Any], List[Any]]]]] = None,
+           key_impl: Optional[Callable[[Any], Optional[str]]] = None) -> Tuple[Dict[str, Any], List[Tuple[str, Any]]]:
     """The spec of ``tree`` and its leaves ``(name, value)`` in the order they are stored.
 
-    A leaf is anything that is not a container the codec knows (dict,
-    OrderedDict, list, tuple, namedtuple, None, a registered type); the caller
-    decides which leaves it can store.
+    A leaf is anything that is not a node the codec knows (dict, OrderedDict,
+    list, tuple, namedtuple, None, a Python bool/int/float, a registered type,
+    what ``other`` flattens: see :func:`node_of`); the caller decides which
+    leaves it can store. ``key_impl``: ``leaf -> impl name`` of a typed PRNG
+    key array (stored as a ``key`` node), None for any other leaf.
 
     Raises:
         TypeError: a key that is neither str nor int, a subclass of dict, list
-            or tuple that would come back as another type (each naming the
-            path in the tree).
+            or tuple that would come back as another type, an int outside
+            int64's range, a PRNG key of an impl not in PRNG_KEY_IMPLS (each
+            naming the path in the tree).
         ValueError: a tree deeper than MAX_TREE_DEPTH (or a cycle).
 
     Example:
-        >>> spec, leaves = encode({"w": 1, "b": [2, None]})
+        >>> spec, leaves = encode({"w": "W", "b": ["B", None], "step": 3})
         >>> [name for name, _ in leaves]
         ['w', 'b/0']
-        >>> spec["keys"], spec["children"][1]
-        (['w', 'b'], {'kind': 'list', 'children': [{'kind': 'leaf', 'name': 'b/0'}, {'kind': 'none'}]})
+        >>> spec["keys"], spec["children"][1], spec["children"][2]
+        (['w', 'b', 'step'], {'kind': 'list', 'children': [{'kind': 'leaf', 'name': 'b/0'}, {'kind': 'none'}]}, {'kind': 'scalar', 'type': 'int', 'value': 3})
     """
     leaves: List[Tuple[str, Any]] = []
     used: Dict[str, int] = {}
@@ -197,16 +254,22 @@ def encode(tree: Any) -> Tuple[Dict[str, Any], List[Tuple[str, Any]]]:
         if depth > MAX_TREE_DEPTH:
             raise ValueError(f"tree at {short_repr(path, 60)}: deeper than {MAX_TREE_DEPTH} levels (or a cycle), "
                              "which no strict JSON reader would read back")
-        c = node_of(obj, path, registered)
+        c = node_of(obj, path, registered, other)
         if c is None:
-            node["kind"] = "leaf"
+            impl = key_impl(obj) if key_impl is not None else None
+            if impl is not None and impl not in PRNG_KEY_IMPLS:
+                raise TypeError(f"tree at {path or '(root)'}: a PRNG key of impl {impl!r}: tensorlist stores keys "
+                                f"of the impls {sorted(PRNG_KEY_IMPLS)}")
+            node["kind"] = "leaf" if impl is None else "key"
             node["name"] = name = _unique(path if depth else ROOT_NAME, used)
+            if impl is not None:
+                node["impl"] = impl
             leaves.append((name, obj))
             continue
         kind, keys, children, extra = c
         node["kind"] = kind
         node.update(extra)
-        if kind == "none":
+        if kind in ("none", "scalar"):
             continue
         if keys is not None:
             for k in keys:
@@ -242,10 +305,17 @@ def _unique(name: str, used: Dict[str, int]) -> str:
 
 @dataclass(frozen=True)
 class Plan:
-    """A checked spec: ``leaves`` (tensor names in the order the tree meets them) and the build steps."""
+    """A checked spec: ``leaves`` (tensor names in the order the tree meets them) and the build steps.
+
+    ``steps`` are the spec's nodes in preorder (a node, then its children in
+    order), so a walk of the spec in that order meets step ``i`` as its
+    ``i``-th node (``build``'s ``replace`` counts so). ``key_impls``: the
+    ``key`` leaves' tensor names -> their impl.
+    """
 
     leaves: Tuple[str, ...]
     steps: Tuple[Tuple[str, Any, int], ...]  # preorder (kind, payload, arity)
+    key_impls: Mapping[str, str]
 
 
 def check(spec: Any, names: Iterable[str], *, file: Optional[str] = None, field: str = "") -> Plan:
@@ -272,6 +342,7 @@ def check(spec: Any, names: Iterable[str], *, file: Optional[str] = None, field:
     remaining = {n: i for i, n in enumerate(stored)}
     leaves: List[str] = []
     steps: List[Tuple[str, Any, int]] = []
+    key_impls: Dict[str, str] = {}
     stack = [(spec, (None, field, None), 0)]  # (node, where: (parent's where, index, key) or the root's, depth)
     while stack:
         node, where, depth = stack.pop()
@@ -287,10 +358,16 @@ def check(spec: Any, names: Iterable[str], *, file: Optional[str] = None, field:
             missing, extra = sorted(allowed - set(node)), sorted(set(node) - allowed)
             raise _error(file, where, f"a {kind!r} node has exactly the fields {sorted(allowed)}"
                          + (f"; missing {missing}" if missing else "") + (f"; unexpected {extra}" if extra else ""))
-        if kind == "leaf":
+        if kind == "leaf" or kind == "key":
             name = node["name"]
             if not isinstance(name, str) or name not in remaining:
                 raise _leaf_error(name, leaves, stored, file, where)
+            if kind == "key":
+                impl = node["impl"]
+                if not isinstance(impl, str) or impl not in PRNG_KEY_IMPLS:
+                    raise _error(file, where, f"a key's 'impl' is one of {sorted(PRNG_KEY_IMPLS)}, not "
+                                 f"{short_repr(impl)}", "/impl", name, remaining[name])
+                key_impls[name] = impl
             del remaining[name]
             leaves.append(name)
             steps.append(("leaf", name, 0))
@@ -298,15 +375,20 @@ def check(spec: Any, names: Iterable[str], *, file: Optional[str] = None, field:
         if kind == "none":
             steps.append(("none", None, 0))
             continue
+        if kind == "scalar":
+            steps.append(("scalar", _check_scalar(node, file, where), 0))
+            continue
         children = node["children"]
         if not isinstance(children, list):
             raise _error(file, where, f"'children' must be an array, not {short_repr(children)}", "/children")
         tokens: Sequence[Any] = range(len(children))
         payload: Any = None
-        if "keys" in allowed or kind == "namedtuple":
+        if "keys" in allowed or kind == "namedtuple":  # (pytree has keys)
             tokens = payload = _check_keys(node, kind, len(children), file, where)
             if kind == "namedtuple":
                 payload = (_namedtuple_class(node["type"], tokens, file, where), tokens)
+            elif kind == "pytree":
+                _type_name(node["type"], file, where)
         steps.append((kind, payload, len(children)))
         for i in range(len(children) - 1, -1, -1):
             stack.append((children[i], (where, i, tokens[i]), depth + 1))
@@ -316,7 +398,7 @@ def check(spec: Any, names: Iterable[str], *, file: Optional[str] = None, field:
         raise FormatError(f"tensor {extra_name!r} is stored but no leaf of the tree names it "
                           f"({len(remaining)} such tensor{'s' if len(remaining) != 1 else ''})", file=file,
                           field=field or "/", tensor_index=remaining[extra_name], tensor_name=extra_name)
-    return Plan(tuple(leaves), tuple(steps))
+    return Plan(tuple(leaves), tuple(steps), key_impls)
 
 
 def _error(file, where, reason: str, at: str = "", tensor: Optional[str] = None,
@@ -353,6 +435,34 @@ def _leaf_error(name: Any, leaves: List[str], stored: List[str], file, where) ->
         return _error(file, where, f"tensor {name!r} is already a leaf of the tree (each tensor is referenced "
                       "exactly once)", "/name", name, stored.index(name))
     return _error(file, where, f"the leaf names tensor {name!r}, which the file does not store", "/name")
+
+
+def _check_scalar(node: Dict[str, Any], file, where) -> Any:
+    """A scalar node's Python value: its ``type`` one of SCALAR_TYPES, its ``value`` a JSON value of that type."""
+    t, v = node["type"], node["value"]
+    if not isinstance(t, str) or t not in SCALAR_TYPES:
+        raise _error(file, where, f"a scalar's 'type' is one of {sorted(SCALAR_TYPES)}, not {short_repr(t)}", "/type")
+    if t == "bool":
+        ok = isinstance(v, bool)
+    elif t == "int":
+        ok = type(v) is int and _INT_RANGE[0] <= v <= _INT_RANGE[1]
+    else:
+        ok = ((type(v) is float and v - v == 0) or (type(v) is int and _INT_RANGE[0] <= v <= _INT_RANGE[1])
+              or (isinstance(v, str) and v in NON_FINITE))
+    if not ok:
+        what = {"bool": "true or false", "int": "an integer within int64's range",
+                "float": f"a finite number or one of {sorted(NON_FINITE)}"}[t]
+        raise _error(file, where, f"a scalar of type {t!r} has as 'value' {what}, not {short_repr(v)}", "/value")
+    return NON_FINITE[v] if isinstance(v, str) else SCALAR_TYPES[t](v)
+
+
+def _type_name(type_name: Any, file, where) -> Tuple[str, str]:
+    """``(module, qualname)`` of a node's ``type``, which must read ``module:qualname``."""
+    if not isinstance(type_name, str) or type_name.count(":") != 1:
+        raise _error(file, where, f"a node's 'type' must be 'module:qualname', not {short_repr(type_name)}",
+                     "/type")
+    module, qualname = type_name.split(":")
+    return module, qualname
 
 
 def _check_keys(node: Dict[str, Any], kind: str, count: int, file, where) -> List[Any]:
@@ -392,10 +502,7 @@ def _namedtuple_class(type_name: Any, fields: List[str], file, where) -> type:
     lazy attribute (``numpy:f2py.X``); a class not found so comes back as
     ``collections.namedtuple`` of the same name and fields.
     """
-    if not isinstance(type_name, str) or type_name.count(":") != 1:
-        raise _error(file, where, f"a namedtuple's 'type' must be 'module:qualname', not "
-                     f"{short_repr(type_name)}", "/type")
-    module, qualname = type_name.split(":")
+    module, qualname = _type_name(type_name, file, where)
     cls = loaded_object(module, qualname)  # never an import, never a lazy __getattr__ (_loaded)
     if cls is not None:
         known = static_attr(cls, "_fields") if tuple in class_mro(cls) else None
@@ -421,20 +528,32 @@ def _namedtuple_class(type_name: Any, fields: List[str], file, where) -> type:
     return _DYNAMIC[key]
 
 
-def build(plan: Plan, leaves: Mapping[str, Any]) -> Any:
-    """The tree of a checked plan with ``leaves[name]`` at each leaf (iterative)."""
+def build(plan: Plan, leaves: Mapping[str, Any],
+          replace: Optional[Mapping[int, Callable[[List[Any]], Any]]] = None) -> Any:
+    """The tree of a checked plan with ``leaves[name]`` at each leaf (iterative).
+
+    ``replace``: step index -> ``children -> value``, which makes that node
+    instead (a leaf's ``children`` is empty, and its tensor is not looked up):
+    a loader's restore target rebuilding a pytree's type, or leaving a subtree out.
+    """
     values: List[Any] = []
-    for kind, payload, arity in reversed(plan.steps):
+    replace = replace or {}
+    for i in range(len(plan.steps) - 1, -1, -1):
+        kind, payload, arity = plan.steps[i]
         children = [values.pop() for _ in range(arity)]
-        if kind == "leaf":
+        if i in replace:
+            values.append(replace[i](children))
+        elif kind == "leaf":
             values.append(leaves[payload])
         elif kind == "none":
             values.append(None)
+        elif kind == "scalar":
+            values.append(payload)
         elif kind == "list":
             values.append(children)
         elif kind == "tuple":
             values.append(tuple(children))
-        elif kind == "dict":
+        elif kind == "dict" or kind == "pytree":
             values.append(dict(zip(payload, children)))
         elif kind == "ordereddict":
             values.append(collections.OrderedDict(zip(payload, children)))
@@ -450,7 +569,7 @@ def decode(spec: Any, arrays: Mapping[str, Any], *, file: Optional[str] = None, 
     """The tree ``spec`` describes, with ``arrays[name]`` at each leaf; checked first (see :func:`check`).
 
     Example:
-        >>> spec, _ = encode({"a": (1, None), 0: [2]})
+        >>> spec, _ = encode({"a": ("A", None), 0: ["B"]})
         >>> decode(spec, {"a/0": "x", "0/0": "y"})
         {'a': ('x', None), 0: ['y']}
     """
@@ -488,12 +607,13 @@ def render(spec: Any, info: Optional[Mapping[str, str]] = None) -> List[str]:
         info: optional text per tensor name (dtype and shape), shown beside its leaf.
 
     Example:
-        >>> spec, _ = encode({"params": {"w": 1}, "step": None})
+        >>> spec, _ = encode({"params": {"w": "W"}, "opt": None, "step": 3})
         >>> print("\\n".join(render(spec, {"params/w": "float32 (2, 3)"})))
         dict
         ├── 'params': dict
         │   └── 'w': params/w  float32 (2, 3)
-        └── 'step': None
+        ├── 'opt': None
+        └── 'step': int 3
     """
     info = info or {}
     lines: List[str] = []
@@ -509,15 +629,21 @@ def render(spec: Any, info: Optional[Mapping[str, str]] = None) -> List[str]:
             text = f"{name}  {info[name]}" if isinstance(name, str) and name in info else str(name)
         elif kind == "none":
             text = "None"
-        elif kind == "namedtuple":
-            text = f"namedtuple {node.get('type')}"
+        elif kind == "scalar":
+            text = f"{node.get('type')} {short_repr(node.get('value'), 40)}"
+        elif kind == "key":
+            name = node.get("name")
+            text = f"key<{node.get('impl')}> {name}" + (f"  {info[name]}" if isinstance(name, str) and name in info
+                                                        else "")
+        elif kind in ("namedtuple", "pytree"):
+            text = f"{kind} {node.get('type')}"
         elif isinstance(kind, str):
             text = kind
         else:
             text = f"? {short_repr(node, 60)}"
         lines.append(f"{lead}{label}{text}")
         children = node.get("children") if isinstance(node, dict) else None
-        if not isinstance(children, list) or kind in ("leaf", "none"):
+        if not isinstance(children, list) or kind in ("leaf", "none", "scalar", "key"):
             continue
         keys = node.get("fields" if kind == "namedtuple" else "keys")
         keys = keys if isinstance(keys, list) and len(keys) == len(children) else None

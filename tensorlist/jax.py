@@ -10,9 +10,20 @@ so every node comes back as what it was: dicts (str and int keys, in their
 order), OrderedDicts, lists, tuples, ``None``, namedtuples, Flax's
 ``FrozenDict``; an NNX ``State`` is stored through its pure dict
 (``nnx.to_pure_dict``) and comes back as that pure dict (see
-:func:`load_nnx`). A Python scalar leaf (``{"step": 3}``) is refused, naming
-its path: its dtype would be a guess; store ``jnp.asarray(3, jnp.int32)`` or
-put it in ``metadata=``.
+:func:`load_nnx`). What Orbax's trees hold besides arrays is kept too: a
+Python ``bool``/``int``/``float`` leaf (``{"step": 3}``) is a value in the
+spec and comes back as the same type; a typed PRNG key array
+(``jax.random.key``) is stored as its key data with its impl and comes back
+typed; any other node registered with jax (a ``flax.struct`` dataclass such
+as ``TrainState``) is stored by its key paths and comes back as a dict, or as
+the target's type when ``load`` is given a target tree holding one (its
+static fields, ``apply_fn`` and ``tx``, are the target's: they are not saved).
+
+A restore target (``load(sharding=tree)``) may hold, per leaf, a Sharding, a
+Device, a ``jax.ShapeDtypeStruct`` or a live array (its shape, dtype and
+sharding), None (the default device) or :data:`SKIP` (not read);
+``cast=True`` converts a leaf to its target's dtype. ``tensorlist.orbax``
+restores through these with Orbax's semantics (an item's None is SKIP, casts on).
 
 Loading onto a CPU device copies nothing: each leaf is ``jax.device_put`` of
 the 64-byte aligned read-only mapped view, which jax aliases (bfloat16 and
@@ -32,25 +43,72 @@ Imports ``_jax_bridge`` (the one jax <-> numpy conversion), ``_tree``, ``_loaded
 """
 from __future__ import annotations
 
+import functools
 import os
-from typing import Any, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import jax
 import numpy as np
 
 from . import _jax_shards, _tree, reader, writer
-from ._jax_bridge import check_dtype, is_array, put, to_numpy
+from ._jax_bridge import check_dtype, is_array, key_data, key_impl, put, to_numpy, wrap_key
 from ._loaded import loaded_object
 from .errors import FormatError, short_repr
 from .format import DEFAULT_ALIGNMENT
 
-__all__ = ["save", "load", "load_nnx", "JAX_TREE_FORMAT", "TREE_FIELD"]
+__all__ = ["save", "load", "load_nnx", "SKIP", "JAX_TREE_FORMAT", "TREE_FIELD"]
 
 #: The ``format`` of a tree file's metadata (see the module docstring).
 JAX_TREE_FORMAT = _tree.JAX_TREE_FORMAT
 
 #: Where the spec sits in a tree file's descriptor (a JSON pointer, for messages).
 TREE_FIELD = "/metadata/tree"
+
+
+class _Skip:
+    """The type of :data:`SKIP`."""
+
+    def __repr__(self) -> str:
+        return "tensorlist.jax.SKIP"
+
+
+#: A target (in ``load``'s ``sharding`` tree) that leaves a leaf or subtree out: it comes back as None and
+#: its tensors are not read (Orbax's ``None`` in a restore item, which ``tensorlist.orbax`` maps to this).
+SKIP = _Skip()
+
+
+def _key_token(entry: Any) -> Any:
+    """The key of one jax key-path entry: ``GetAttrKey.name``, ``DictKey.key``, ``SequenceKey.idx``..."""
+    for attr in ("name", "key", "idx"):
+        if hasattr(entry, attr):
+            return getattr(entry, attr)
+    return str(entry)
+
+
+def _pytree_node(obj: Any) -> Optional[Tuple[str, List[Any], List[Any]]]:
+    """``(type name, keys, children)`` of a node registered with jax that the codec does not know, else None.
+
+    One level of ``jax.tree_util.tree_flatten_with_path``: a ``flax.struct``
+    dataclass's keys are its pytree fields' names (its static fields, such as
+    a TrainState's ``apply_fn`` and ``tx``, are not children: they are not saved).
+    """
+    if jax.tree_util.all_leaves([obj]):
+        return None
+    entries, _ = jax.tree_util.tree_flatten_with_path(obj, is_leaf=lambda x: x is not obj)
+    t = type(obj)
+    return f"{t.__module__}:{t.__qualname__}", [_key_token(p[0]) for p, _ in entries], [c for _, c in entries]
+
+
+def _rebuild(target: Any, file_keys: List[Any], children: List[Any]) -> Any:
+    """``target``'s type (a registered pytree node) with ``children`` (in the file's key order) as its children."""
+    entries, treedef = jax.tree_util.tree_flatten_with_path(target, is_leaf=lambda x: x is not target)
+    by_key = {(type(k), k): c for k, c in zip(file_keys, children)}
+    return jax.tree_util.tree_unflatten(treedef, [by_key[(type(k), k)] for k in
+                                                  (_key_token(p[0]) for p, _ in entries)])
+
+
+def _skipped(children: List[Any]) -> None:
+    return None
 
 
 def _unflatten_frozen_dict(keys, children):
@@ -89,7 +147,9 @@ def save(path, tree: Any, *, metadata: Any = None, sharded: bool = False, alignm
             directory (``sharded=True``).
         tree: dicts (str or int keys), OrderedDicts, lists, tuples,
             namedtuples, ``None``, ``flax.core.FrozenDict``, ``nnx.State``,
-            with jax or numpy arrays as leaves.
+            other nodes registered with jax (``flax.struct`` dataclasses),
+            with jax or numpy arrays, typed PRNG key arrays and Python
+            bool/int/float values as leaves.
         metadata: any JSON value, returned by ``tensorlist.open(path).metadata["metadata"]``.
         sharded: write a checkpoint directory, each process its addressable
             shards (replica 0 only): needed for arrays sharded across processes.
@@ -97,9 +157,10 @@ def save(path, tree: Any, *, metadata: Any = None, sharded: bool = False, alignm
             64-byte default or a multiple: jax aliases 64-byte aligned buffers).
 
     Raises:
-        TypeError: a leaf that is not an array (a Python scalar, a string), a
-            dtype tensorlist does not store, a key neither str nor int, a
-            container that would come back as another type; each naming its path.
+        TypeError: a leaf that is not an array (a string), a dtype tensorlist
+            does not store, a key neither str nor int, a container that would
+            come back as another type, an int outside int64's range, a PRNG
+            key of an impl not in ``_tree.PRNG_KEY_IMPLS``; each naming its path.
         ValueError: an array sharded across processes without ``sharded=True``;
             a tree deeper than ``_tree.MAX_TREE_DEPTH``.
 
@@ -110,7 +171,8 @@ def save(path, tree: Any, *, metadata: Any = None, sharded: bool = False, alignm
         >>> tlj.load(path)["dense"]["kernel"].shape
         (2, 3)
     """
-    spec, leaves = _tree.encode(tree)
+    spec, leaves = _tree.encode(tree, other=_pytree_node, key_impl=key_impl)
+    leaves = [(name, key_data(v) if key_impl(v) is not None else v) for name, v in leaves]
     header = _tree.make_header(spec, metadata)
     if sharded:
         arrays = {name: v if is_array(v) else put(to_numpy(v, name), None, name) for name, v in leaves}
@@ -125,35 +187,50 @@ def save(path, tree: Any, *, metadata: Any = None, sharded: bool = False, alignm
 
 
 def load(path, *, sharding: Any = None, device: Any = None, mmap: bool = True, verify: bool = False,
-         downcast: bool = False, **kwargs) -> Any:
+         downcast: bool = False, cast: bool = False, **kwargs) -> Any:
     """Loads a tree saved by :func:`save` (a file, or a ``sharded=True`` directory).
 
     Args:
         path: the descriptor file or checkpoint directory.
-        sharding: None, one ``jax.sharding.Sharding`` for every leaf, or a tree
-            matching the saved one whose leaves are Shardings, jax Devices,
-            ``jax.ShapeDtypeStruct`` (its ``.sharding`` is used, its shape and
-            dtype checked against the file) or None (the default placement);
-            a None or a Sharding in place of a subtree applies to every leaf
-            below it (a prefix, as in jax).
+        sharding: None, one ``jax.sharding.Sharding`` for every leaf, or a
+            target tree matching the saved one whose leaves are Shardings, jax
+            Devices, ``jax.ShapeDtypeStruct``s or ``jax.Array``s (their
+            ``.sharding`` is used, their shape and dtype checked against the
+            file: ``jax.eval_shape`` or the live tree gives such a target),
+            numpy arrays (shape and dtype; the default device),
+            None (the default placement) or :data:`SKIP` (not read: None
+            comes back); a None, a Sharding or SKIP in place of a subtree
+            applies to every leaf below it (a prefix, as in jax). A
+            registered pytree node in the target (a ``flax.struct``
+            dataclass such as ``TrainState``) where the file holds a keyed
+            node is rebuilt as that type, its static fields the target's.
+            Python scalars and None nodes of the file take any target.
         device: any jax device (a ``jax.Device``): every leaf there. Not with
             ``sharding``.
         mmap: map the file (default: zero-copy onto CPU devices) or read it
             into private memory first.
-        verify: check the stored CRC32Cs first.
+        verify: check the stored CRC32Cs first (of the leaves read).
         downcast: with ``jax_enable_x64`` off, convert 64-bit leaves to 32
             bits (a copy that truncates) instead of refusing them.
+        cast: a target leaf of another dtype (same shape) converts the stored
+            values to it (numpy's ``astype``, each device's block: a copy), as
+            Orbax restores; False (default): a dtype mismatch is an error.
         **kwargs: the reader's limits (``max_tensors``...; files only).
 
     Returns:
-        The tree, every leaf a ``jax.Array``.
+        The tree, every array leaf a ``jax.Array`` (a PRNG key leaf a typed
+        key array of its saved impl), every Python scalar of its saved type;
+        a ``pytree`` node (a ``flax.struct`` dataclass) a dict unless the
+        target gives its type.
 
     Raises:
         FormatError: not a tree file, or a spec that does not match the
             tensors (a missing or extra leaf, an unknown node kind, a too deep
-            tree, keys of the wrong type), or a ShapeDtypeStruct disagreeing
-            with the file: naming the file and the path in the tree; nothing
-            is put on a device before the whole spec and every target are checked.
+            tree, keys of the wrong type), or a target leaf disagreeing with
+            the file (shape; dtype without ``cast``), or a key leaf whose
+            tensor is not its impl's key data: naming the file and the path
+            in the tree; nothing is put on a device before the whole spec and
+            every target are checked.
         TypeError: a leaf jax cannot hold (64-bit without x64 and without
             ``downcast``), naming it; ``device`` that is not a ``jax.Device``.
         ValueError: both ``sharding`` and ``device``; reader limits given for
@@ -164,10 +241,14 @@ def load(path, *, sharding: Any = None, device: Any = None, mmap: bool = True, v
     Example:
         >>> import jax, jax.numpy as jnp, tempfile, os, tensorlist.jax as tlj
         >>> path = os.path.join(tempfile.mkdtemp(), "t.tl")
-        >>> tlj.save(path, (jnp.ones(2), None, [jnp.arange(3)]))
+        >>> tlj.save(path, (jnp.ones(2), None, [jnp.arange(3)], 7))
         >>> tree = tlj.load(path, device=jax.devices()[0])
-        >>> type(tree).__name__, tree[1], tree[2][0].tolist()
-        ('tuple', None, [0, 1, 2])
+        >>> type(tree).__name__, tree[1], tree[2][0].tolist(), tree[3]
+        ('tuple', None, [0, 1, 2], 7)
+        >>> target = (jax.ShapeDtypeStruct((2,), jnp.bfloat16), None, tlj.SKIP, 0)
+        >>> back = tlj.load(path, sharding=target, cast=True)
+        >>> back[0].dtype, back[2]
+        (dtype(bfloat16), None)
     """
     if sharding is not None and device is not None:
         raise ValueError("give sharding= or device=, not both")
@@ -176,99 +257,160 @@ def load(path, *, sharding: Any = None, device: Any = None, mmap: bool = True, v
     path = os.fspath(path)
     if os.path.isdir(path):
         if kwargs:
-            raise ValueError(f"{path}: a checkpoint directory takes sharding=, device=, mmap=, verify= and "
-                             f"downcast= only, not {sorted(kwargs)}")
-        return _load_dir(path, sharding, device, mmap, verify, downcast)
+            raise ValueError(f"{path}: a checkpoint directory takes sharding=, device=, mmap=, verify=, "
+                             f"downcast= and cast= only, not {sorted(kwargs)}")
+        return _load_dir(path, sharding, device, mmap, verify, downcast, cast)
     with reader.Reader(path, mmap=mmap, **kwargs) as r:
         header = _tree.tree_header(r.descriptor.metadata, file=r.path)
         if header is None:
             raise FormatError(f"not a tensorlist.jax tree file (its metadata has no format {JAX_TREE_FORMAT!r}): "
                               "read it with tensorlist.load", file=r.path, field="/metadata")
         plan = _tree.check(header["tree"], r.keys(), file=r.path, field=TREE_FIELD)
-        infos = {n: r.info(n) for n in plan.leaves}
-        for n, t in infos.items():
-            check_dtype(t.dtype.numpy, n, downcast=downcast)
-        targets = _targets(header["tree"], sharding, device,
-                           {n: (tuple(t.shape), t.dtype.numpy) for n, t in infos.items()}, downcast, r.path)
+        stored = {n: (tuple(r.info(n).shape), r.info(n).dtype.numpy) for n in plan.leaves}
+        targets, replace = _targets(header["tree"], plan, sharding, device, stored, downcast, cast, r.path)
         if verify:
-            r.verify(list(plan.leaves))
-        arrays = {n: put(r[n], targets[n], n, downcast=downcast) for n in plan.leaves}
-    return _tree.build(plan, arrays)
+            r.verify(list(targets))
+        arrays = {n: _put_leaf(lambda t, d, n=n: put(r[n], t, n, downcast=downcast, dtype=d), n,
+                               targets[n], plan.key_impls.get(n)) for n in targets}
+    return _tree.build(plan, arrays, replace)
 
 
-def _load_dir(path: str, sharding, device, mmap: bool, verify: bool, downcast: bool) -> Any:
+def _load_dir(path: str, sharding, device, mmap: bool, verify: bool, downcast: bool, cast: bool) -> Any:
     with _jax_shards.open_dir(path, mmap=mmap, verify=verify) as ck:
         header = _tree.tree_header(ck.header, file=ck.metadata_file, field="/tree")
         if header is None:
             raise FormatError("not a tensorlist.jax checkpoint (its metadata has no tree): read it with "
                               "tensorlist.dcp_read.read_full", file=ck.metadata_file, field="/tree")
         plan = _tree.check(header["tree"], ck.names(), file=ck.metadata_file, field="/tree/tree")
-        for n in plan.leaves:
-            check_dtype(ck.dtype(n), n, downcast=downcast)
-        targets = _targets(header["tree"], sharding, device, {n: (tuple(ck.shape(n)), ck.dtype(n))
-                                                              for n in plan.leaves}, downcast, path)
-        arrays = {n: ck.load(n, targets[n], downcast=downcast) for n in plan.leaves}
-    return _tree.build(plan, arrays)
+        stored = {n: (tuple(ck.shape(n)), ck.dtype(n)) for n in plan.leaves}
+        targets, replace = _targets(header["tree"], plan, sharding, device, stored, downcast, cast, path)
+        arrays = {n: _put_leaf(lambda t, d, n=n: ck.load(n, t, downcast=downcast, dtype=d), n, targets[n],
+                               plan.key_impls.get(n)) for n in targets}
+    return _tree.build(plan, arrays, replace)
 
 
-def _targets(spec, sharding, device, stored: Dict[str, Tuple[Tuple[int, ...], np.dtype]], downcast: bool,
-             file: str) -> Dict[str, Any]:
-    """Where each leaf goes: None (default), a Device or a Sharding; checks a target tree against the spec."""
-    if sharding is None:
-        return {n: device for n in stored}
-    if isinstance(sharding, jax.sharding.Sharding):
-        return {n: sharding for n in stored}
-    out: Dict[str, Any] = {}
-    stack = [(spec, sharding, ())]
-    while stack:
-        node, target, path = stack.pop()
-        where = "/".join(map(str, path)) or "(root)"
-        kind = node["kind"]
-        if kind == "none":
-            continue
-        if kind == "leaf":
-            out[node["name"]] = _leaf_target(node["name"], target, stored[node["name"]], downcast, file, where)
-            continue
-        tokens = node.get("keys") or node.get("fields") or list(range(len(node["children"])))
-        if target is None or isinstance(target, jax.sharding.Sharding):  # a prefix: the whole subtree
-            stack.extend((c, target, path + (t,)) for t, c in zip(tokens, node["children"]))
-            continue
-        try:
-            found = _tree.node_of(target, where)
-        except TypeError:  # a container the codec does not store (a dict subclass): not the file's node
-            found = None
-        if found is None or found[0] == "none":
-            raise _mismatch(file, where, f"the file holds a {kind} here, the sharding tree a {type(target).__name__}")
-        _, keys, children, _ = found
-        if "keys" in node:
-            if keys is None or sorted(map(repr, keys)) != sorted(map(repr, node["keys"])):
-                raise _mismatch(file, where, f"keys {short_repr(keys)} do not match the file's "
-                                f"{short_repr(node['keys'])}")
-            by_key = {(type(k), k): c for k, c in zip(keys, children)}
-            sub = [by_key[(type(k), k)] for k in node["keys"]]
+def _put_leaf(load_one: Callable[[Any, Any], jax.Array], name: str, target: Tuple[Any, Any],
+              impl: Optional[str]) -> jax.Array:
+    """One leaf on its target: ``load_one(placement, dtype)``, wrapped as PRNG keys for a key leaf.
+
+    A key leaf's target describes the key array (its placement is the keys')
+    or its key data (``"data"``: the data is placed, then wrapped).
+    """
+    placement, dtype = target
+    if impl is None:
+        return load_one(placement, dtype)
+    if dtype == "data":
+        return wrap_key(load_one(placement, None), impl, None, name)
+    return wrap_key(load_one(None, None), impl, placement, name)
+
+
+def _targets(spec, plan: _tree.Plan, sharding, device, stored: Dict[str, Tuple[Tuple[int, ...], np.dtype]],
+             downcast: bool, cast: bool, file: str) -> Tuple[Dict[str, Tuple[Any, Any]], Dict[int, Callable]]:
+    """Each leaf to read -> ``(placement, dtype to cast to or None)``, and ``build``'s ``replace``.
+
+    Walks the spec in preorder (as ``_tree.check`` numbers its steps) beside
+    the target tree, checking the one against the other, then checks every
+    leaf's stored dtype (or the dtype it is cast to) and every key leaf's data.
+    """
+    replace: Dict[int, Callable] = {}
+    if sharding is None or isinstance(sharding, jax.sharding.Sharding):
+        out = {n: (device if sharding is None else sharding, None) for n in stored}
+    else:
+        out = {}
+        stack = [(spec, sharding, ())]
+        index = -1
+        while stack:
+            node, target, path = stack.pop()
+            index += 1
+            where = "/".join(map(str, path)) or "(root)"
+            kind = node["kind"]
+            children = node.get("children", [])
+            tokens = node.get("keys") or node.get("fields") or list(range(len(children)))
+            sub = [target] * len(children)  # a prefix (None, a Sharding, SKIP): the whole subtree
+            if target is SKIP:
+                replace[index] = _skipped
+            elif kind in ("none", "scalar"):
+                pass  # nothing to place: any target is taken (the Python scalar itself, a ShapeDtypeStruct...)
+            elif kind in ("leaf", "key"):
+                out[node["name"]] = _leaf_target(node["name"], target, stored[node["name"]], node.get("impl"),
+                                                 downcast, cast, file, where)
+            elif not (target is None or isinstance(target, jax.sharding.Sharding)):
+                sub = _sub_targets(node, target, index, replace, file, where)
+            stack.extend((c, t, path + (k,)) for k, c, t in reversed(list(zip(tokens, children, sub))))
+    for n, (_, dtype) in out.items():
+        impl = plan.key_impls.get(n)
+        if impl is not None:
+            _check_key_data(n, stored[n], impl, file)
         else:
-            if keys is not None or len(children) != len(node["children"]):
-                raise _mismatch(file, where, f"the file holds a {kind} of {len(node['children'])}, the sharding "
-                                f"tree a {type(target).__name__} of {len(children)}")
-            sub = children
-        stack.extend((c, t, path + (k,)) for k, c, t in zip(tokens, node["children"], sub))
-    return out
+            check_dtype(stored[n][1] if dtype is None else dtype, n, downcast=downcast)
+    return out, replace
 
 
-def _leaf_target(name: str, target, stored: Tuple[Tuple[int, ...], np.dtype], downcast: bool, file: str,
-                 where: str):
+def _sub_targets(node, target, index: int, replace: Dict[int, Callable], file: str, where: str) -> List[Any]:
+    """The targets of a container node's children, in the file's order (a pytree target rebuilds its type)."""
+    kind = node["kind"]
+    try:
+        found = _tree.node_of(target, where, other=_pytree_node)
+    except TypeError:  # a container the codec does not store (a dict subclass): not the file's node
+        found = None
+    if found is None and not node["children"]:
+        return []  # an empty container (optax.MaskedNode, {}) takes a leaf's target: there is nothing to place
+    if found is None or found[0] in ("none", "scalar"):
+        raise _mismatch(file, where, f"the file holds a {kind} here, the sharding tree a {type(target).__name__}")
+    target_kind, keys, children, _ = found
+    if "keys" not in node:
+        if keys is not None or len(children) != len(node["children"]):
+            raise _mismatch(file, where, f"the file holds a {kind} of {len(node['children'])}, the sharding "
+                            f"tree a {type(target).__name__} of {len(children)}")
+        return children
+    if keys is None or sorted(map(repr, keys)) != sorted(map(repr, node["keys"])):
+        raise _mismatch(file, where, f"keys {short_repr(keys)} do not match the file's {short_repr(node['keys'])}")
+    if target_kind == "pytree":
+        replace[index] = functools.partial(_rebuild, target, node["keys"])
+    by_key = {(type(k), k): c for k, c in zip(keys, children)}
+    return [by_key[(type(k), k)] for k in node["keys"]]
+
+
+def _leaf_target(name: str, target, stored: Tuple[Tuple[int, ...], np.dtype], impl: Optional[str],
+                 downcast: bool, cast: bool, file: str, where: str) -> Tuple[Any, Any]:
+    """``(placement, dtype to cast to, or None)`` of one leaf (a key leaf: ``"data"`` or None, see _put_leaf)."""
     if target is None or isinstance(target, (jax.sharding.Sharding, jax.Device)):
-        return target
-    if isinstance(target, jax.ShapeDtypeStruct):
-        shape, dtype = stored
-        want = check_dtype(dtype, name, downcast=downcast)
-        if tuple(target.shape) != shape or np.dtype(target.dtype) != want:
-            raise FormatError(f"tree at {where}: the file stores {want} {shape}, the target ShapeDtypeStruct "
-                              f"asks for {np.dtype(target.dtype)} {tuple(target.shape)}", file=file,
-                              tensor_name=name)
-        return target.sharding
-    raise _mismatch(file, where, f"the file holds a leaf here; a leaf's target is a Sharding, a Device, a "
-                    f"ShapeDtypeStruct or None, not a {type(target).__name__}")
+        return target, None
+    if not isinstance(target, (jax.ShapeDtypeStruct, jax.Array, np.ndarray, np.generic)):
+        raise _mismatch(file, where, f"the file holds a leaf here; a leaf's target is a Sharding, a Device, a "
+                        f"ShapeDtypeStruct, an array or None, not a {type(target).__name__}")
+    shape, dtype = stored
+    asked = tuple(target.shape)
+    placement = getattr(target, "sharding", None)  # a numpy array has none: the default device
+    if impl is not None:  # the key array itself, or its key data (Orbax's to_shape_dtype_struct of a key)
+        if key_impl(target) == impl and asked + _tree.PRNG_KEY_IMPLS[impl] == shape:
+            return placement, None
+        if key_impl(target) is None and asked == shape and np.dtype(target.dtype) == np.uint32:
+            return placement, "data"
+        raise FormatError(f"tree at {where}: the file stores a {impl} PRNG key array of shape "
+                          f"{shape[:len(shape) - len(_tree.PRNG_KEY_IMPLS[impl])]}, the target asks for "
+                          f"{target.dtype} {asked}", file=file, tensor_name=name)
+    want = check_dtype(dtype, name, downcast=downcast or cast)
+    got = key_impl(target)
+    if asked != shape or got is not None or (np.dtype(target.dtype) != want and not cast):
+        raise FormatError(f"tree at {where}: the file stores {want} {shape}, the target {type(target).__name__} "
+                          f"asks for {target.dtype} {asked}"
+                          + (" (load with cast=True to convert)" if asked == shape and got is None else ""),
+                          file=file, tensor_name=name)
+    if not cast:
+        return placement, None  # the stored dtype (or its downcast, which put makes)
+    to = check_dtype(target.dtype, name, downcast=True)  # as jax holds it: int64 is int32 with x64 off
+    return placement, (None if to == dtype else to)
+
+
+def _check_key_data(name: str, stored: Tuple[Tuple[int, ...], np.dtype], impl: str, file: str) -> None:
+    """A key leaf's tensor must be uint32 key data of its impl's trailing shape."""
+    shape, dtype = stored
+    tail = _tree.PRNG_KEY_IMPLS[impl]
+    if np.dtype(dtype) != np.uint32 or tuple(shape[len(shape) - len(tail):]) != tail:
+        raise FormatError(f"tensor {name!r}: a {impl} PRNG key leaf holds uint32 key data of shape (..., "
+                          f"{', '.join(map(str, tail))}), not {np.dtype(dtype)} {shape}", file=file,
+                          tensor_name=name)
 
 
 def _mismatch(file: str, where: str, reason: str) -> ValueError:

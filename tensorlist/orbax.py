@@ -39,7 +39,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from . import _jax_shards, _tree, reader
+from . import _jax_bridge, _jax_shards, _tree, reader
 from . import jax as tl_jax
 from .errors import FormatError
 from .format import DEFAULT_ALIGNMENT, confine
@@ -90,19 +90,36 @@ def _save(directory, tree: Any, metadata: Any, *, alignment: int, checksum: bool
 
 
 def _host_copy(leaf: Any) -> Any:
-    """A host copy of an array leaf (what an async save writes later); anything else as it is."""
+    """A host copy of an array leaf (what an async save writes later); anything else as it is.
+
+    A PRNG key array has no numpy form: its key data is copied, and wrapped again (keys are small).
+    """
+    impl = _jax_bridge.key_impl(leaf)
+    if impl is not None:
+        return _jax_bridge.wrap_key(np.array(_jax_bridge.key_data(leaf), copy=True), impl, None, "")
     if isinstance(leaf, jax.Array) or isinstance(leaf, np.ndarray):
         return np.array(leaf, copy=True)
     return leaf
 
 
+def _orbax_target(item: Any) -> Any:
+    """Orbax's restore ``item`` as ``tensorlist.jax.load``'s target tree: a None in it means "do not restore"."""
+    if item is None or isinstance(item, jax.sharding.Sharding):
+        return item
+    return jax.tree_util.tree_map(lambda x: tl_jax.SKIP if x is None else x, item, is_leaf=lambda x: x is None)
+
+
 def _restore(directory, target: Any, device: Any, verify: bool) -> Any:
-    """Loads the item directory's tree onto ``target`` (an abstract tree, a Sharding or None) or ``device``."""
+    """Loads the item directory's tree onto ``target`` (an Orbax item, a Sharding or None) or ``device``.
+
+    Orbax's semantics for the item: a None in it leaves that leaf or subtree
+    out (it comes back None); a leaf of another dtype casts (``cast=True``).
+    """
     directory = os.fspath(directory)
     for name in (TREE_FILE, SHARDED_DIR):
         path = confine(directory, name, what="item file", where="Orbax item directory")
         if os.path.lexists(path):
-            return tl_jax.load(path, sharding=target, device=device, verify=verify)
+            return tl_jax.load(path, sharding=_orbax_target(target), device=device, verify=verify, cast=True)
     raise FileNotFoundError(f"{directory}: no tensorlist item here (neither {TREE_FILE} nor {SHARDED_DIR}/); "
                             "was it saved with TensorListCheckpointHandler?")
 
@@ -121,8 +138,8 @@ def _abstract(directory) -> Optional[Any]:
             header = _tree.tree_header(r.descriptor.metadata, file=r.path)
             if header is None:
                 return None
-            shapes = {n: jax.ShapeDtypeStruct(tuple(r.info(n).shape), r.info(n).dtype.numpy) for n in r.keys()}
-            return _tree.decode(header["tree"], shapes, file=r.path, field=tl_jax.TREE_FIELD)
+            shapes = {n: (tuple(r.info(n).shape), r.info(n).dtype.numpy) for n in r.keys()}
+            return _abstract_tree(header["tree"], shapes, r.path, tl_jax.TREE_FIELD)
     path = confine(directory, SHARDED_DIR, what="item file", where="Orbax item directory")
     if os.path.lexists(path) and not os.path.isdir(path):
         raise FormatError(f"is not a directory: a sharded item's {SHARDED_DIR}/ holds its shards", file=path)
@@ -131,9 +148,20 @@ def _abstract(directory) -> Optional[Any]:
             header = _tree.tree_header(ck.header, file=ck.metadata_file, field=SHARDED_TREE_FIELD)
             if header is None:
                 return None
-            shapes = {n: jax.ShapeDtypeStruct(ck.shape(n), ck.dtype(n)) for n in ck.names()}
-            return _tree.decode(header["tree"], shapes, file=ck.metadata_file, field=SHARDED_TREE_FIELD + "/tree")
+            shapes = {n: (tuple(ck.shape(n)), ck.dtype(n)) for n in ck.names()}
+            return _abstract_tree(header["tree"], shapes, ck.metadata_file, SHARDED_TREE_FIELD + "/tree")
     return None
+
+
+def _abstract_tree(spec: Any, shapes: dict, file: str, field: str) -> Any:
+    """The tree of ``spec`` with a ShapeDtypeStruct per leaf (a PRNG key leaf's: the key array's, not its data's)."""
+    plan = _tree.check(spec, shapes.keys(), file=file, field=field)
+    leaves = {}
+    for n, (shape, dtype) in shapes.items():
+        impl = plan.key_impls.get(n)
+        leaves[n] = (jax.ShapeDtypeStruct(shape, dtype) if impl is None else
+                     _jax_bridge.abstract_key(shape, impl))
+    return _tree.build(plan, leaves)
 
 
 class TensorListCheckpointHandler(ocp.AsyncCheckpointHandler):
@@ -271,8 +299,9 @@ class TensorListSave(ocp.args.CheckpointArgs):
 
     Attributes:
         item: the pytree (dicts, lists, tuples, namedtuples, ``None`` leaves,
-            Flax ``FrozenDict``; leaves ``jax.Array`` or numpy arrays), as
-            :func:`tensorlist.jax.save` takes it.
+            Flax ``FrozenDict``, ``flax.struct`` dataclasses such as
+            ``TrainState``; leaves ``jax.Array``, numpy arrays, PRNG key
+            arrays, Python bool/int/float), as :func:`tensorlist.jax.save` takes it.
         metadata: any JSON value, stored with the tree.
         sharded: None (default): one file ``tree.tl`` when this process holds
             every leaf whole, else the sharded directory ``tree/``, every
@@ -292,12 +321,17 @@ class TensorListRestore(ocp.args.CheckpointArgs):
     """How :class:`TensorListCheckpointHandler` restores.
 
     Attributes:
-        item: the target, an abstract tree matching the saved one (``None``
-            leaves allowed) of ``jax.ShapeDtypeStruct`` with shardings or of
-            ``Sharding`` objects, as ``StandardRestore(item)`` takes it; each
-            leaf is placed (and resharded) as its target says, reading only the
-            slices the local devices need; shape or dtype disagreeing with the
-            file is an error naming the path.
+        item: the target, as ``StandardRestore(item)`` takes it: a tree
+            matching the saved one of ``jax.ShapeDtypeStruct``s (with
+            shardings), live ``jax.Array``s, numpy arrays or ``Sharding``s,
+            Python scalars where the file holds scalars, and registered pytree
+            nodes (a ``TrainState``: restored as that type). Each leaf is
+            placed (and resharded) as its target says, reading only the slices
+            the local devices need; a target of another dtype casts, as
+            Orbax's; another shape is an error naming the path. A ``None``
+            leaves that leaf or subtree out (it comes back None, unread), as in
+            Orbax. Leaves without a sharding go to jax's default device (the
+            file records no sharding).
         sharding: one ``jax.sharding.Sharding`` for every leaf (instead of
             ``item``).
         device: one ``jax.Device`` for every leaf; default: jax's default device.
@@ -367,11 +401,17 @@ class TensorListHandler:
         return _abstract(directory)
 
     def is_handleable(self, checkpointable: Any) -> bool:
-        """Any pytree whose leaves are arrays (``jax.Array``, numpy) or ``None``."""
+        """Any pytree whose leaves are arrays (``jax.Array`` and its PRNG keys, numpy), Python scalars or ``None``."""
         leaves = jax.tree_util.tree_leaves(checkpointable)
-        return bool(leaves) and all(hasattr(x, "shape") and hasattr(x, "dtype") for x in leaves)
+        return bool(leaves) and all((hasattr(x, "shape") and hasattr(x, "dtype")) or type(x) in _SCALARS
+                                    for x in leaves)
 
     def is_abstract_handleable(self, abstract_checkpointable: Any) -> Optional[bool]:
-        """A tree of ``jax.ShapeDtypeStruct`` / ``Sharding`` leaves (``None`` is always taken)."""
+        """A tree of ``jax.ShapeDtypeStruct`` / ``Sharding`` / array / Python scalar leaves (``None`` always)."""
         leaves = jax.tree_util.tree_leaves(abstract_checkpointable)
-        return all(isinstance(x, (jax.ShapeDtypeStruct, jax.sharding.Sharding)) for x in leaves)
+        return all(isinstance(x, (jax.ShapeDtypeStruct, jax.sharding.Sharding, jax.Array)) or type(x) in _SCALARS
+                   for x in leaves)
+
+
+#: The Python scalars a tree stores as values (``_tree``'s ``scalar`` node).
+_SCALARS = (bool, int, float)

@@ -18,6 +18,7 @@ them go through one check, ``_tree.check``. The files are saved by the package (
   gives a plain namedtuple of the same name and fields, or a FormatError naming the file.
 """
 import collections
+import dataclasses
 import json
 import os
 import shutil
@@ -31,6 +32,7 @@ import pytest
 pytest.importorskip("jax", reason="tree files are written by tensorlist.jax (pip install 'tensorlist[jax]')")
 ocp = pytest.importorskip("orbax.checkpoint", reason="the Orbax entry point needs orbax-checkpoint")
 
+import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import tensorlist as tl  # noqa: E402
@@ -43,6 +45,15 @@ from tensorlist.orbax import (  # noqa: E402
     SHARDED_DIR, TREE_FILE, TensorListCheckpointHandler, TensorListRestore, TensorListSave)
 
 Pair = collections.namedtuple("Pair", ["mu", "nu"])
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class Box:
+    """A pytree node jax knows and the codec does not (a ``pytree`` node in the spec)."""
+
+    inner: object
+    count: object
 
 #: What replaces each value of a spec, one at a time.
 HOSTILE = {
@@ -60,7 +71,9 @@ HOSTILE = {
 
 def _tree():
     return {"w": jnp.ones((2, 3)), "p": Pair(jnp.zeros(2), None),
-            "l": [jnp.arange(3), ()], "o": collections.OrderedDict(b=jnp.ones(1)), "i": {0: jnp.ones(1)}}
+            "l": [jnp.arange(3), ()], "o": collections.OrderedDict(b=jnp.ones(1)), "i": {0: jnp.ones(1)},
+            # the kinds Orbax's trees bring: Python scalars, a typed PRNG key, a registered pytree node
+            "s": [3, float("-inf"), True], "k": jax.random.key(0, impl="rbg"), "b": Box(jnp.ones(1), 2.5)}
 
 
 @pytest.fixture(scope="module")
@@ -116,6 +129,9 @@ def test_any_value_of_a_tree_file_s_spec_is_read_or_one_format_error_everywhere(
     item, _ = saved
     good = item / TREE_FILE
     doc = json.loads(good.read_text())
+    spec_text = json.dumps(doc["metadata"]["tree"])
+    for kind in ("dict", "namedtuple", "list", "tuple", "ordereddict", "none", "leaf", "scalar", "key", "pytree"):
+        assert f'"kind": "{kind}"' in spec_text, kind  # the mutations below reach every kind
     bad_item = tmp_path / "item"
     shutil.copytree(item, bad_item)
     path = bad_item / TREE_FILE
@@ -305,9 +321,9 @@ def test_a_restore_target_that_does_not_match_is_the_documented_value_error(save
     item, _ = saved
     with ocp.Checkpointer(TensorListCheckpointHandler()) as ckptr:
         for target, match in [({"w": None}, r"sharding tree at \(root\): keys \['w'\] do not match"),
-                              ({**{k: None for k in ("w", "p", "o", "i")}, "l": [None, {"x": None}]},
+                              ({**{k: None for k in ("w", "p", "o", "i", "s", "k", "b")}, "l": [None, {"x": None}]},
                                r"sharding tree at l/1: the file holds a tuple of 0, the sharding tree a dict of 1"),
-                              ({**{k: None for k in ("p", "l", "o", "i")}, "w": [None]},
+                              ({**{k: None for k in ("p", "l", "o", "i", "s", "k", "b")}, "w": [None]},
                                r"sharding tree at w: the file holds a leaf here; .* not a list")]:
             with pytest.raises(ValueError, match=rf"{TREE_FILE}: {match}") as e:
                 ckptr.restore(item, args=TensorListRestore(item=target))

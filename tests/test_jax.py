@@ -156,8 +156,8 @@ class TestRoundTrip:
     def test_save_refuses_what_is_not_an_array(self, tmp_path):
         import tensorlist.jax as tlj
 
-        with pytest.raises(TypeError, match=r"tensor 'opt/step': a Python int \(3\) is not an array"):
-            tlj.save(tmp_path / "t.tl", {"opt": {"step": 3}})
+        with pytest.raises(TypeError, match=r"tree at opt/step: the int 1180591620717411303424 is outside int64"):
+            tlj.save(tmp_path / "t.tl", {"opt": {"step": 2 ** 70}})
         with pytest.raises(TypeError, match=r"tensor 'name': a builtins.str is not an array"):
             tlj.save(tmp_path / "t.tl", {"name": "adam"})
         with pytest.raises(TypeError, match=r"tree at a: key \(1, 2\) is a tuple"):
@@ -288,7 +288,10 @@ class TestSharding:
         ({"w": jax.ShapeDtypeStruct((4, 9), np.float32) if jax else None, "b": None}, FormatError,
          r"t\.tl: tree at w: the file stores float32 \(4, 8\), the target ShapeDtypeStruct "
          r"asks for float32 \(4, 9\)"),
-        ({"w": jax.ShapeDtypeStruct((4, 8), np.int32) if jax else None, "b": None}, FormatError, "asks for int32"),
+        ({"w": jax.ShapeDtypeStruct((4, 8), np.int32) if jax else None, "b": None}, FormatError,
+         r"asks for int32 \(4, 8\) \(load with cast=True to convert\)"),
+        ({"w": jnp.ones((4, 9)) if jax else None, "b": None}, FormatError, "the target ArrayImpl asks for float32"),
+        ({"w": jax.random.key(0) if jax else None, "b": None}, FormatError, r"asks for key<fry> \(\)"),
         ({"w": None}, ValueError, r"t\.tl: sharding tree at \(root\): keys \['w'\] do not match the file's "
                                   r"\['w', 'b'\]"),
         ({"w": None, "b": (None,)}, ValueError, r"t\.tl: sharding tree at b: the file holds a list of 2, the "
@@ -307,6 +310,138 @@ class TestSharding:
         tlj.save(tmp_path / "t.tl", {"w": jnp.ones((4, 8)), "b": [jnp.ones(2), jnp.ones(2)]})
         with pytest.raises(error, match=match):
             tlj.load(tmp_path / "t.tl", sharding=target)
+
+
+@needs_jax
+class TestScalarsKeysPytrees:
+    """What Orbax's StandardCheckpointHandler stores besides arrays (tests/test_orbax_ported.py runs its scenarios)."""
+
+    def test_python_scalars_come_back_as_the_same_type(self, tmp_path):
+        import tensorlist.jax as tlj
+
+        tree = {"step": 3, "lr": 0.1, "done": False, "neg": -(2 ** 63), "big": 2 ** 63 - 1, "zero": -0.0,
+                "nan": float("nan"), "inf": float("inf"), "-inf": float("-inf"), "np": np.float64(1.5)}
+        tlj.save(tmp_path / "t.tl", tree)
+        back = tlj.load(tmp_path / "t.tl", downcast=True)  # for the float64 array, with x64 off
+        for k in ("step", "lr", "done", "neg", "big", "inf", "-inf"):
+            assert type(back[k]) is type(tree[k]) and back[k] == tree[k], k
+        assert str(back["zero"]) == "-0.0" and back["nan"] != back["nan"] and type(back["nan"]) is float
+        assert isinstance(back["np"], jax.Array)  # a numpy scalar is an array (np.float64 subclasses float)
+        assert tensorlist.open(tmp_path / "t.tl").keys() == ["np"]
+        spec = tensorlist.open(tmp_path / "t.tl").metadata["tree"]
+        assert spec["children"][0] == {"kind": "scalar", "type": "int", "value": 3}
+        assert spec["children"][6] == {"kind": "scalar", "type": "float", "value": "nan"}
+        target = {**tree, "np": None, "step": None, "lr": jax.devices()[0]}  # a scalar takes any target
+        assert tlj.load(tmp_path / "t.tl", sharding=target, downcast=True)["step"] == 3
+
+    @pytest.mark.parametrize("impl", ["threefry2x32", "rbg", "unsafe_rbg"])
+    def test_prng_keys_come_back_typed(self, tmp_path, impl):
+        import tensorlist.jax as tlj
+
+        keys = jax.random.split(jax.random.key(7, impl=impl), 3)
+        tlj.save(tmp_path / "t.tl", {"rng": keys, "one": keys[0]})
+        spec = tensorlist.open(tmp_path / "t.tl").metadata["tree"]
+        assert spec["children"][0] == {"kind": "key", "name": "rng", "impl": impl}
+        for target in (None, jax.eval_shape(lambda: {"rng": keys, "one": keys[0]}),
+                       {"rng": jax.ShapeDtypeStruct(jax.random.key_data(keys).shape, np.uint32), "one": keys[1]}):
+            back = tlj.load(tmp_path / "t.tl", sharding=target)
+            for k, want in (("rng", keys), ("one", keys[0])):
+                assert jax.random.key_impl(back[k]) == impl and back[k].shape == want.shape
+                assert (jax.random.key_data(back[k]) == jax.random.key_data(want)).all()
+        with pytest.raises(FormatError, match=rf"tree at rng: the file stores a {impl} PRNG key array of shape "
+                                              r"\(3,\), the target asks for"):
+            tlj.load(tmp_path / "t.tl", sharding={"rng": keys[0], "one": None})
+
+    def test_a_key_of_an_impl_tensorlist_does_not_store_is_refused(self, tmp_path, monkeypatch):
+        import tensorlist.jax as tlj
+
+        monkeypatch.setattr(tlj, "key_impl", lambda x: "philox" if isinstance(x, jax.Array) else None)
+        with pytest.raises(TypeError, match=r"tree at k: a PRNG key of impl 'philox': tensorlist stores keys of"):
+            tlj.save(tmp_path / "t.tl", {"k": jnp.ones(2)})
+
+    def test_a_flax_struct_dataclass_is_saved_by_its_key_paths(self, tmp_path):
+        import tensorlist.jax as tlj
+        optax = pytest.importorskip("optax", reason="a TrainState needs an optax optimizer")
+        train_state = pytest.importorskip("flax.training.train_state", reason="needs flax")
+
+        def apply_fn(params, x):
+            return x @ params["w"]
+
+        state = train_state.TrainState.create(apply_fn=apply_fn, params={"w": jnp.ones((2, 3))},
+                                              tx=optax.adam(1e-3))
+        state = state.replace(step=5)
+        tlj.save(tmp_path / "t.tl", state)
+        spec = tensorlist.open(tmp_path / "t.tl").metadata["tree"]
+        assert spec["kind"] == "pytree" and spec["type"] == "flax.training.train_state:TrainState"
+        assert spec["keys"] == ["step", "params", "opt_state"]  # apply_fn and tx are static: not saved
+        plain = tlj.load(tmp_path / "t.tl")  # no target: a dict, as Orbax gives
+        assert type(plain) is dict and plain["params"]["w"].shape == (2, 3)
+        fresh = train_state.TrainState.create(apply_fn=apply_fn, params={"w": jnp.zeros((2, 3))},
+                                              tx=optax.adam(1e-3))
+        back = tlj.load(tmp_path / "t.tl", sharding=jax.eval_shape(lambda: fresh))
+        assert type(back) is train_state.TrainState and back.apply_fn is apply_fn and back.step == 5
+        _assert_same_tree(state.opt_state, back.opt_state)
+        assert type(back.opt_state[0]).__name__ == "ScaleByAdamState"
+        with pytest.raises(ValueError, match=r"sharding tree at \(root\): keys \['step', 'params'\] do not match"):
+            tlj.load(tmp_path / "t.tl", sharding={"step": None, "params": None})
+
+    def test_an_empty_node_takes_a_leaf_s_target(self, tmp_path):
+        import tensorlist.jax as tlj
+        optax = pytest.importorskip("optax", reason="optax.MaskedNode")
+
+        tlj.save(tmp_path / "t.tl", {"a": optax.MaskedNode(), "b": jnp.ones(2), "c": {}})
+        target = {"a": jax.ShapeDtypeStruct((8,), jnp.float32), "b": jnp.zeros(2), "c": jax.devices()[0]}
+        back = tlj.load(tmp_path / "t.tl", sharding=target)
+        assert back["a"] == optax.MaskedNode() and back["c"] == {}
+        with pytest.raises(ValueError, match=r"sharding tree at b: the file holds a leaf here"):
+            tlj.load(tmp_path / "t.tl", sharding={**target, "b": {}})
+
+
+@needs_jax
+class TestTargets:
+    def test_a_concrete_array_target_gives_its_shape_dtype_and_sharding(self, tmp_path):
+        import tensorlist.jax as tlj
+
+        if len(jax.devices()) < 2:
+            pytest.skip("needs 2 CPU devices: XLA_FLAGS=--xla_force_host_platform_device_count=4 (tests/conftest.py)")
+        tree = {"w": jnp.arange(8.0), "b": jnp.ones(2)}
+        tlj.save(tmp_path / "t.tl", tree)
+        rows = jax.sharding.NamedSharding(jax.sharding.Mesh(np.array(jax.devices()[:2]), ("x",)),
+                                          jax.sharding.PartitionSpec("x"))
+        target = {"w": jax.device_put(jnp.zeros(8), rows), "b": jnp.zeros(2)}
+        back = tlj.load(tmp_path / "t.tl", sharding=target)
+        assert back["w"].sharding == rows and back["w"].tolist() == list(range(8))
+
+    def test_cast_converts_to_the_target_dtype_and_keeps_the_shape_rule(self, tmp_path):
+        import tensorlist.jax as tlj
+
+        tlj.save(tmp_path / "t.tl", {"w": jnp.arange(6, dtype=jnp.float32).reshape(2, 3) / 3, "i": jnp.arange(3)})
+        target = {"w": jax.ShapeDtypeStruct((2, 3), jnp.bfloat16), "i": jax.ShapeDtypeStruct((3,), jnp.float16)}
+        with pytest.raises(FormatError, match=r"tree at w: .* asks for bfloat16 \(2, 3\) \(load with cast=True"):
+            tlj.load(tmp_path / "t.tl", sharding=target)
+        back = tlj.load(tmp_path / "t.tl", sharding=target, cast=True)
+        assert back["w"].dtype == jnp.bfloat16 and back["i"].dtype == jnp.float16
+        want = (np.arange(6, dtype=np.float32).reshape(2, 3) / 3).astype(jnp.bfloat16)
+        assert np.asarray(back["w"]).tobytes() == want.tobytes() and back["i"].tolist() == [0, 1, 2]
+        with pytest.raises(FormatError, match=r"tree at w: the file stores float32 \(2, 3\), the target "
+                                              r"ShapeDtypeStruct asks for bfloat16 \(3, 2\)"):
+            tlj.load(tmp_path / "t.tl", sharding={**target, "w": jax.ShapeDtypeStruct((3, 2), jnp.bfloat16)},
+                     cast=True)
+        x64 = tlj.load(tmp_path / "t.tl", sharding={**target, "i": jax.ShapeDtypeStruct((3,), np.int64)}, cast=True)
+        assert x64["i"].dtype == jax.dtypes.canonicalize_dtype(np.int64)  # as jax holds it: int32 without x64
+
+    def test_skip_leaves_a_leaf_or_subtree_out_unread(self, tmp_path, monkeypatch):
+        import tensorlist.jax as tlj
+
+        tlj.save(tmp_path / "t.tl", {"w": jnp.ones(2), "opt": {"mu": jnp.ones(3), "nu": [jnp.ones(1), 4]}})
+        read = []
+        real = tlj.put
+        monkeypatch.setattr(tlj, "put", lambda view, t, name, **k: read.append(name) or real(view, t, name, **k))
+        back = tlj.load(tmp_path / "t.tl", sharding={"w": None, "opt": tlj.SKIP})
+        assert back == {"w": back["w"], "opt": None} and read == ["w"]
+        back = tlj.load(tmp_path / "t.tl", sharding={"w": tlj.SKIP, "opt": {"mu": None, "nu": [tlj.SKIP, tlj.SKIP]}})
+        assert back["w"] is None and back["opt"]["nu"] == [None, None] and read == ["w", "opt/mu"]
+        assert repr(tlj.SKIP) == "tensorlist.jax.SKIP"
 
 
 def _write(path, spec, arrays):
@@ -355,6 +490,22 @@ class TestBadTreeMetadata:
         ("node not an object", {"kind": "list", "children": [_leaf("w"), "x"]}, _W,
          "/metadata/tree/children/1", "tree at 1: a node must be an object"),
         ("too deep for the codec", None, _W, None, "the tree is deeper than"),
+        ("scalar type", {"kind": "scalar", "type": "complex", "value": 1}, {}, "/metadata/tree/type",
+         r"a scalar's 'type' is one of \['bool', 'float', 'int'\], not 'complex'"),
+        ("scalar bool as int", {"kind": "scalar", "type": "int", "value": True}, {}, "/metadata/tree/value",
+         "a scalar of type 'int' has as 'value' an integer within int64's range, not True"),
+        ("scalar int too big", {"kind": "scalar", "type": "int", "value": 2 ** 63}, {}, "/metadata/tree/value",
+         "an integer within int64's range"),
+        ("scalar float text", {"kind": "scalar", "type": "float", "value": "Infinity"}, {}, "/metadata/tree/value",
+         r"a finite number or one of \['-inf', 'inf', 'nan'\], not 'Infinity'"),
+        ("key impl", {"kind": "key", "name": "w", "impl": "philox"}, _W, "/metadata/tree/impl",
+         r"a key's 'impl' is one of \['rbg', 'threefry2x32', 'unsafe_rbg'\], not 'philox'"),
+        ("key data", {"kind": "key", "name": "w", "impl": "threefry2x32"}, _W, None,
+         r"tensor 'w'.*a threefry2x32 PRNG key leaf holds uint32 key data of shape \(\.\.\., 2\), not float32"),
+        ("pytree type", {"kind": "pytree", "type": "TrainState", "keys": ["w"], "children": [_leaf("w")]}, _W,
+         "/metadata/tree/type", "a node's 'type' must be 'module:qualname', not 'TrainState'"),
+        ("pytree keys", {"kind": "pytree", "type": "m:T", "keys": [[0]], "children": [_leaf("w")]}, _W,
+         "/metadata/tree/keys/0", "key 0 is"),
     ]
 
     @staticmethod

@@ -389,6 +389,37 @@ def test_a_tree_saved_sharded_comes_back_with_its_structure_on_a_target_tree(tre
     assert dcp_read.read_metadata(path).tree["metadata"] == {"epoch": 2}
 
 
+def test_a_sharded_save_keeps_scalars_keys_and_pytree_nodes_and_casts_per_device_block(tmp_path):
+    """What an Orbax tree holds besides arrays, through the directory layout; cast=True converts each block."""
+    tlj = pytest.importorskip("tensorlist.jax", reason="tensorlist.jax comes with the jax adapter")
+    flax_struct = pytest.importorskip("flax.struct", reason="a flax.struct dataclass is the pytree node tested")
+
+    @flax_struct.dataclass
+    class State:
+        w: jax.Array
+        rng: jax.Array
+        step: int
+
+    cols = NamedSharding(mesh((2, 2)), P(None, "y"))
+    w = jax.make_array_from_callback((4, 8), cols, lambda idx: np.arange(32, dtype=np.float32).reshape(4, 8)[idx] / 7)
+    rng = jax.device_put(jax.random.split(jax.random.key(3, impl="rbg"), 4), NamedSharding(mesh((2, 2)), P("x")))
+    tlj.save(tmp_path / "ckpt", State(w, rng, 11), sharded=True)
+    plain = tlj.load(tmp_path / "ckpt")
+    assert set(plain) == {"w", "rng", "step"} and plain["step"] == 11
+    assert (jax.random.key_data(plain["rng"]) == jax.random.key_data(rng)).all()
+    rows = NamedSharding(mesh((4, 1)), P("x"))
+    target = State(jax.ShapeDtypeStruct((4, 8), jnp.bfloat16, sharding=rows),
+                   jax.ShapeDtypeStruct(rng.shape, rng.dtype, sharding=rows), 0)
+    back = tlj.load(tmp_path / "ckpt", sharding=target, cast=True)
+    assert type(back) is State and back.step == 11 and jax.random.key_impl(back.rng) == "rbg"
+    assert back.rng.sharding == rows
+    assert np.asarray(jax.random.key_data(back.rng)).tobytes() == np.asarray(jax.random.key_data(rng)).tobytes()
+    assert back.w.dtype == jnp.bfloat16 and back.w.sharding == rows
+    assert np.asarray(back.w).tobytes() == np.asarray(w).astype(jnp.bfloat16).tobytes()
+    with pytest.raises(FormatError, match=r"ckpt: tree at w: .* \(load with cast=True to convert\)"):
+        tlj.load(tmp_path / "ckpt", sharding=target)
+
+
 def test_tensorlist_jax_load_names_the_missing_shard(tree_dir, tmp_path):
     tlj, path = tree_dir
     path = _copy(path, tmp_path)

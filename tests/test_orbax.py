@@ -268,6 +268,39 @@ def test_a_target_that_disagrees_with_the_file_names_the_leaf(tmp_path):
         TensorListCheckpointHandler().restore(tmp_path, args=TensorListRestore(target))
 
 
+def test_a_flax_train_state_through_the_manager_with_orbax_s_item_semantics(tmp_path):
+    """The most common Flax checkpoint: a TrainState (step an int, adam's state, a PRNG key beside it) restored
+    into an abstract TrainState; a None in the item leaves that part out; a target dtype casts (as Orbax's)."""
+    optax = pytest.importorskip("optax", reason="a TrainState needs an optax optimizer")
+    train_state = pytest.importorskip("flax.training.train_state", reason="needs flax")
+
+    def create(seed):
+        return {"state": train_state.TrainState.create(apply_fn=None, params=params(seed), tx=optax.adam(1e-3)),
+                "rng": jax.random.key(seed), "epoch": seed}
+
+    item = create(3)
+    item["state"] = item["state"].replace(step=120)
+    with ocp.CheckpointManager(tmp_path / "run", item_handlers=TensorListCheckpointHandler()) as mngr:
+        mngr.save(120, args=TensorListSave(item))
+        mngr.wait_until_finished()
+        abstract = jax.eval_shape(lambda: create(0))
+        back = mngr.restore(120, args=TensorListRestore(abstract))
+        assert type(back["state"]) is train_state.TrainState and back["state"].tx is abstract["state"].tx
+        assert back["state"].step == 120 and back["epoch"] == 3
+        assert (jax.random.key_data(back["rng"]) == jax.random.key_data(item["rng"])).all()
+        assert_bit_equal(back["state"].params, item["state"].params)
+        assert_bit_equal(back["state"].opt_state, item["state"].opt_state)
+        metadata = mngr.item_metadata(120)
+        assert metadata["epoch"] == 3 and metadata["rng"].dtype == item["rng"].dtype
+        assert set(metadata["state"]) == {"step", "params", "opt_state"}  # no target type: a dict, as Orbax's
+        partial = mngr.restore(120, args=TensorListRestore({**abstract, "state": abstract["state"].replace(
+            opt_state=None), "rng": None}))
+        assert partial["rng"] is None and partial["state"].opt_state is None and partial["state"].step == 120
+        bf16 = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, jnp.bfloat16), abstract["state"].params)
+        cast = mngr.restore(120, args=TensorListRestore({**abstract, "state": abstract["state"].replace(params=bf16)}))
+        assert all(x.dtype == jnp.bfloat16 for x in jax.tree_util.tree_leaves(cast["state"].params))
+
+
 # --- sharded items: the tree/ directory ------------------------------------------------------
 
 def _four_devices():

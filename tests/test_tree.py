@@ -5,6 +5,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from tensorlist import _tree
+from tensorlist._jsonio import dumps, loads_strict
 from tensorlist.errors import FormatError
 
 Point = collections.namedtuple("Point", "x y")
@@ -19,8 +20,10 @@ def _leaves():
 
 
 _keys = st.one_of(st.text(max_size=4), st.integers(-3, 3))
+#: Python scalars: values in the spec (``scalar`` nodes), not leaves.
+_scalars = st.one_of(st.booleans(), st.integers(-2 ** 63, 2 ** 63 - 1), st.floats(allow_nan=True))
 _trees = st.recursive(
-    st.one_of(_leaves(), st.none()),
+    st.one_of(_leaves(), st.none(), _scalars),
     lambda kids: st.one_of(
         st.lists(kids, max_size=3),
         st.lists(kids, max_size=3).map(tuple),
@@ -47,6 +50,9 @@ def _same(a, b) -> bool:
             if len(x) != len(y):
                 return False
             stack.extend(zip(x, y))
+        elif type(x) in (bool, int, float):
+            if not (x == y or (x != x and y != y)) or str(x) != str(y):  # NaN is itself; -0.0 is not 0.0
+                return False
         elif x is not y:
             return False
     return True
@@ -61,6 +67,53 @@ def test_round_trip(tree):
     back = _tree.decode(spec, dict(leaves))
     assert _same(tree, back)
     assert _tree.check(spec, names).leaves == tuple(names)
+    stored = loads_strict(dumps(spec))  # what a file holds: strict JSON (no NaN, no Infinity)
+    assert _same(tree, _tree.decode(stored, dict(leaves)))
+
+
+class Obj:
+    """A container the codec does not know; ``_other`` flattens it (as tensorlist.jax does jax's pytree nodes)."""
+
+    def __init__(self, a, b):
+        self.a, self.b = a, b
+
+
+class Key:
+    """A leaf ``_key_impl`` calls a PRNG key."""
+
+
+def _other(obj):
+    return ("pkg.mod:Obj", ["a", "b"], [obj.a, obj.b]) if isinstance(obj, Obj) else None
+
+
+def _key_impl(obj):
+    return "rbg" if isinstance(obj, Key) else None
+
+
+def test_pytree_and_key_nodes_through_the_callers_hooks():
+    k, x = Key(), Leaf()
+    spec, leaves = _tree.encode({"s": Obj(k, [x, 3])}, other=_other, key_impl=_key_impl)
+    assert spec["children"][0] == {"kind": "pytree", "type": "pkg.mod:Obj", "keys": ["a", "b"], "children": [
+        {"kind": "key", "name": "s/a", "impl": "rbg"},
+        {"kind": "list", "children": [{"kind": "leaf", "name": "s/b/0"}, {"kind": "scalar", "type": "int",
+                                                                          "value": 3}]}]}
+    plan = _tree.check(spec, ["s/a", "s/b/0"])
+    assert plan.key_impls == {"s/a": "rbg"} and plan.leaves == ("s/a", "s/b/0")
+    assert _tree.build(plan, dict(leaves)) == {"s": {"a": k, "b": [x, 3]}}  # no target: a dict
+    # replace: step index (preorder) -> the node built instead (a loader's target type, or a subtree left out)
+    assert _tree.build(plan, {"s/b/0": x}, {1: lambda children: ("Obj", children), 2: lambda children: None}) \
+        == {"s": ("Obj", [None, [x, 3]])}
+    assert "pytree pkg.mod:Obj" in "\n".join(_tree.render(spec)) and "key<rbg> s/a" in "\n".join(_tree.render(spec))
+    with pytest.raises(TypeError, match=r"tree at s/a: a PRNG key of impl 'philox': tensorlist stores keys of"):
+        _tree.encode({"s": Obj(k, None)}, other=_other, key_impl=lambda o: "philox" if o is k else None)
+
+
+@pytest.mark.parametrize("value, back", [(float("nan"), "nan"), (float("inf"), "inf"), (float("-inf"), "-inf"),
+                                         (-0.0, -0.0), (True, True), (2 ** 63 - 1, 2 ** 63 - 1)])
+def test_scalars_are_strict_json_values(value, back):
+    spec, leaves = _tree.encode(value)
+    assert leaves == [] and spec == {"kind": "scalar", "type": type(value).__name__, "value": back}
+    assert _same(_tree.decode(loads_strict(dumps(spec)), {}), value)
 
 
 def test_index_and_keys_that_print_alike_stay_apart():
@@ -94,6 +147,8 @@ def test_namedtuple_of_an_unimported_module_comes_back_alike():
     ({(1, 2): Leaf()}, r"key \(1, 2\) is a tuple"),
     ({1.5: Leaf()}, "key 1.5 is a float"),
     ({"a": {True: Leaf()}}, "tree at a: key True is a bool"),
+    ({"step": 2 ** 63}, "tree at step: the int 9223372036854775808 is outside int64's range"),
+    ({"step": -2 ** 63 - 1}, "outside int64's range"),
     (collections.defaultdict(list), "defaultdict.*would come back as another type"),
 ])
 def test_encode_refuses(tree, match):

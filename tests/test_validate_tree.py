@@ -119,7 +119,7 @@ def test_a_checkpoint_directory_with_a_tree_is_checked_by_the_cli(tmp_path, caps
     pytest.importorskip("jax", reason="writes a tensorlist.jax checkpoint directory (pip install 'jax[cpu]')")
     from tensorlist._jax_shards import save_dir
 
-    spec, _ = _tree.encode({"w": 0, "b": 0})
+    spec, _ = _tree.encode({"w": "W", "b": "B"})  # stand-in leaves: the arrays are given apart
     save_dir(tmp_path / "good", {"w": np.ones(4, np.float32), "b": np.zeros(2, np.float32)},
              _tree.make_header(spec))
     code, out = cli(capsys, tmp_path / "good")
