@@ -337,13 +337,20 @@ def _targets(spec, plan: _tree.Plan, sharding, device, stored: Dict[str, Tuple[T
             elif not (target is None or isinstance(target, jax.sharding.Sharding)):
                 sub = _sub_targets(node, target, index, replace, file, where)
             stack.extend((c, t, path + (k,)) for k, c, t in reversed(list(zip(tokens, children, sub))))
-    for n, (_, dtype) in out.items():
+    for n, (placement, dtype) in out.items():
+        if isinstance(getattr(placement, "mesh", None), _ABSTRACT_MESH):
+            raise ValueError(f"{file}: the target of leaf {n!r} is a sharding over an abstract mesh (no devices; "
+                             "jax.eval_shape of a closure may give one): give a sharding over a jax.sharding.Mesh")
         impl = plan.key_impls.get(n)
         if impl is not None:
             _check_key_data(n, stored[n], impl, file)
         else:
             check_dtype(stored[n][1] if dtype is None else dtype, n, downcast=downcast)
     return out, replace
+
+
+#: jax's device-less mesh type (a sharding over it places nothing), where this jax has one.
+_ABSTRACT_MESH = getattr(jax.sharding, "AbstractMesh", ())
 
 
 def _sub_targets(node, target, index: int, replace: Dict[int, Callable], file: str, where: str) -> List[Any]:

@@ -268,6 +268,20 @@ class TestSharding:
                 start = offsets[name] + (s.index[0].start or 0) * row
                 assert _file_offset(s.data.unsafe_buffer_pointer(), data) == start
 
+    @pytest.mark.parametrize("sharded", [False, True])
+    def test_a_sharding_over_an_abstract_mesh_is_refused_naming_the_leaf(self, tmp_path, mesh, sharded):
+        """jax.eval_shape of a closure can give shardings over an AbstractMesh: they name no devices."""
+        import tensorlist.jax as tlj
+        if not hasattr(jax.sharding, "AbstractMesh"):
+            pytest.skip("this jax has no AbstractMesh")
+        tree = {"a": jax.device_put(jnp.arange(8.0), jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("x"))), "b": jnp.ones(2)}
+        tlj.save(tmp_path / "t.tl", tree, sharded=sharded)
+        abstract = jax.sharding.NamedSharding(jax.sharding.AbstractMesh((2, 2), ("x", "y")), jax.sharding.PartitionSpec("x"))
+        target = {"a": jax.ShapeDtypeStruct((8,), jnp.float32, sharding=abstract), "b": None}
+        for sharding in (target, abstract):
+            with pytest.raises(ValueError, match=r"t\.tl: the target of leaf 'a' is a sharding over an abstract mesh"):
+                tlj.load(tmp_path / "t.tl", sharding=sharding)
+
     def test_a_tree_of_targets_with_none_and_shape_dtype_structs(self, tmp_path, mesh):
         import tensorlist.jax as tlj
         from jax.sharding import NamedSharding, PartitionSpec as P
