@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import tensorlist as tl
-from tensorlist import _lowlevel
+from tensorlist import _dtypes, _lowlevel
 from _compat import formats_marked, needs_torch
 from tensorlist.convert import convert, open_source, sinks
 
@@ -44,7 +44,9 @@ def _loaded(path):
 
 
 def _same(got, want):
-    assert [a.tobytes() for a in got.values()] == [a.tobytes() for a in want.values()]
+    """The same stored (little-endian) bytes: ``want`` is native, big-endian on s390x."""
+    assert [_dtypes.as_little(a).tobytes() for a in got.values()] == [_dtypes.as_little(a).tobytes()
+                                                                      for a in want.values()]
 
 
 @contextlib.contextmanager
