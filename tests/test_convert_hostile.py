@@ -39,7 +39,7 @@ def _outputs(tmp_path):
 
 def _npz_with_side(path, side, **arrays):
     with zipfile.ZipFile(path, "w") as z:
-        for name, a in {"w": np.ones(2, np.float32), **arrays}.items():
+        for name, a in {"w": np.ones(2, "<f4"), **arrays}.items():  # little-endian on every host
             with z.open(name + ".npy", "w") as f:
                 np.lib.format.write_array(f, a)
         with z.open(NPZ_SIDECAR + ".npy", "w") as f:
@@ -79,6 +79,16 @@ def test_a_side_entry_naming_a_dtype_its_tensor_is_not_stored_as_is_refused(tmp_
     _npz_with_side(path, '{"dtypes": {"w": "bfloat16"}}')  # w is float32, not bfloat16's uint16
     with pytest.raises(tl.FormatError, match=r"says it holds bfloat16, stored as uint16, but its dtype is float32"):
         open_source(path)
+
+
+def test_a_side_entry_tensor_stored_big_endian_reads_as_its_values(tmp_path):
+    """An npz written by numpy on a big-endian host holds its uint16 bits big-endian: read as the same bfloat16."""
+    bits = bfloat16_bits([1.5, -2.0, 0.0])
+    path = tmp_path / "s.npz"
+    _npz_with_side(path, '{"dtypes": {"b": "bfloat16"}}', b=bits.view(np.uint16).astype(">u2"))
+    convert(path, tmp_path / "back.tl", progress=False)
+    got = tl.load(tmp_path / "back.tl", bits=True)["b"]
+    assert _dtypes.from_numpy(got.dtype).name == "bfloat16" and got.tobytes() == _dtypes.as_little(bits).tobytes()
 
 
 def test_the_side_entry_written_by_convert_still_reads(tmp_path):

@@ -425,9 +425,9 @@ def _open_npz(path: str) -> Source:
             raw = dtypes.get(name)
             if raw is not None:
                 row = _dtypes.from_name(raw)
-                if dt != UINT[row.itemsize]:
-                    raise FormatError(f"{NPZ_SIDECAR} says it holds {raw}, stored as {UINT[row.itemsize]}, but its "
-                                      f"dtype is {dt}", file=path, tensor_index=i, tensor_name=name, field="dtype")
+                if dt.kind != "u" or dt.itemsize != row.itemsize:  # either byte order (numpy writes native)
+                    raise FormatError(f"{NPZ_SIDECAR} says it holds {raw}, stored as {UINT[row.itemsize].name}, but "
+                                      f"its dtype is {dt.name}", file=path, tensor_index=i, tensor_name=name, field="dtype")
             else:
                 row = row_of(dt, path, name, i)
             check_shape(list(shape), row, file=path, index=i, name=name)
@@ -462,8 +462,8 @@ def _npz_get(z, name: str, row: _dtypes.DType, path: str) -> np.ndarray:
         a = z[name]
     except Exception as e:
         raise FormatError(f"entry {name!r} cannot be read: {e}", file=path) from e
-    if row.name in RAW_DTYPES:
-        a = np.ascontiguousarray(a).view(row.bits)
+    if row.name in RAW_DTYPES:  # its bits as unsigned integers: little-endian, then the carrier
+        a = _dtypes.as_little(np.ascontiguousarray(a)).view(row.bits)
     return a
 
 
