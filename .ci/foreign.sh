@@ -37,14 +37,15 @@ start=$SECONDS
 # by side on 2 cores): the C bindings and struct mirrors, byte order, every reader and writer, round trips of
 # every dtype and layout, CRC32C (every path this CPU has), the conformance corpus, hostile and malformed
 # files, atomic saves, the CLI's escaping, conversions between every format (test_convert*: their torch
-# tests skip, the rest need only numpy), the weights hash. SLOW_*: slow-marked modules run whole, -m "slow"
+# tests skip, the rest need only numpy), the weights hash and the training record's readers. SLOW_*: slow-marked modules run whole, -m "slow"
 # included: test_cli (a child interpreter per test, ~2 minutes under qemu in two processes; its
 # no-ml_dtypes test is real there) on s390x only. Left out for time (each runs in the main leg):
 # test_cli_pipe (4 minutes under qemu), test_record_schema and test_record_fastcheck (jsonschema-heavy: 5 and
-# 2 minutes), test_record_functions (skips whole without torch), test_tree, test_dcp_tiling. Tests needing
+# 2 minutes), test_tree, test_dcp_tiling. Tests needing
 # torch, ml_dtypes (none for s390x), moto, safetensors or google-crc32c skip there with their reason (-ra).
 TESTS_COMMON=(test_lowlevel test_platforms test_readers test_roundtrip test_conformance test_crc32c
-              test_save_fastpath test_cli_escape test_convert test_convert_hostile test_convert_seams test_record_hash)
+              test_save_fastpath test_cli_escape test_convert test_convert_hostile test_convert_seams test_record_hash
+              test_record_functions)
 TESTS_S390X=("${TESTS_COMMON[@]}" test_hostile test_hostile_values test_malformed test_fastpath test_atomic
              test_security test_validate_tree test_cleanup)
 TESTS_AARCH64=("${TESTS_COMMON[@]}")
