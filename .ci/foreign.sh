@@ -8,9 +8,10 @@
 #   2. files crossing hosts: .ci/foreign_files.py writes one fixed set of tensors on this host and on
 #      each foreign one, every host reads every other's, and the bytes on disk must equal this host's.
 #
-#   .ci/foreign.sh                        (CI calls it from .ci/run; 3 to 7 minutes on 2 cores, the two
-#                                          legs side by side: each root file system 15-35 s, pip 40-180 s,
-#                                          the tests 100-270 s, as busy as the machine is)
+#   .ci/foreign.sh                        (CI calls it from .ci/run; about 9.5 minutes on 2 cores shared
+#                                          with other work, the two legs side by side: s390x 552 s (root
+#                                          file system 39 s, pip 117 s, tests 354 s, test_cli 42 s),
+#                                          aarch64 404 s (36 s, 130 s, 238 s); less on an idle machine)
 #   FOREIGN_ARCHES=s390x .ci/foreign.sh   (one architecture)
 #
 # Cheap root file systems: `mmdebstrap --variant=extract` unpacks the packages and runs no maintainer
@@ -33,16 +34,17 @@ HOST=$(uname -m)
 start=$SECONDS
 
 # What runs inside (-m "not slow"): the test modules that need neither torch nor a framework adapter and
-# say the most about a foreign CPU, chosen to fit the leg's time (at most ~12 minutes with the two legs side
-# by side on 2 cores): the C bindings and struct mirrors, byte order, every reader and writer, round trips of
-# every dtype and layout, CRC32C (every path this CPU has), the conformance corpus, hostile and malformed
-# files, atomic saves, the CLI's escaping, conversions between every format (test_convert*: their torch
-# tests skip, the rest need only numpy), the weights hash and the training record's readers. SLOW_*: slow-marked modules run whole, -m "slow"
-# included: test_cli (a child interpreter per test, ~2 minutes under qemu in two processes; its
-# no-ml_dtypes test is real there) on s390x only. Left out for time (each runs in the main leg):
-# test_cli_pipe (4 minutes under qemu), test_record_schema and test_record_fastcheck (jsonschema-heavy: 5 and
-# 2 minutes), test_tree, test_dcp_tiling. Tests needing
-# torch, ml_dtypes (none for s390x), moto, safetensors or google-crc32c skip there with their reason (-ra).
+# say the most about a foreign CPU, chosen to fit the script's time (~9 minutes with the two legs side by
+# side on 2 cores): the C bindings and struct mirrors, byte order, every reader and writer, round trips of
+# every dtype and layout, CRC32C (every path this CPU has), the conformance corpus, conversions between
+# every format (test_convert*: their torch tests skip, the rest need only numpy), the weights hash and the
+# training record's readers; on s390x also hostile and malformed files, atomic saves and cleanup. SLOW_*:
+# slow-marked modules, run whole: test_cli on s390x (a child interpreter per test, 40 s in two processes
+# once aarch64 is done; its no-ml_dtypes test is real there). Left out for time (each runs in the main leg):
+# on aarch64 the s390x-only modules and test_cli (the script is at ~9 minutes already); everywhere
+# test_cli_pipe (~4 minutes under qemu), test_record_schema and test_record_fastcheck (jsonschema-heavy: 5
+# and 2 minutes), test_tree, test_dcp_tiling. Tests needing torch, ml_dtypes (none for s390x), moto,
+# safetensors or google-crc32c skip there with their reason (-ra).
 TESTS_COMMON=(test_lowlevel test_platforms test_readers test_roundtrip test_conformance test_crc32c
               test_save_fastpath test_cli_escape test_convert test_convert_hostile test_convert_seams test_record_hash
               test_record_functions)
