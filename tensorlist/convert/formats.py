@@ -243,7 +243,7 @@ class Entry:
         conversion moves bytes, so it needs no ml_dtypes (none for s390x) and never rounds a value.
         """
         a = _dtypes.as_little(self._get())
-        if self.dtype.carried:  # a source that made ml_dtypes values (an .npy of bfloat16): the same bytes
+        if self.dtype.carried:  # a source that made ml_dtypes values (checkpoint directories do): the same bytes
             a = a.view(self.dtype.bits)
         return a if a.flags.c_contiguous else np.ascontiguousarray(a).reshape(a.shape)
 
