@@ -8,10 +8,10 @@
 #   2. files crossing hosts: .ci/foreign_files.py writes one fixed set of tensors on this host and on
 #      each foreign one, every host reads every other's, and the bytes on disk must equal this host's.
 #
-#   .ci/foreign.sh                        (CI calls it from .ci/run; about 9.5 minutes on 2 cores shared
-#                                          with other work, the two legs side by side: s390x 552 s (root
-#                                          file system 39 s, pip 117 s, tests 354 s, test_cli 42 s),
-#                                          aarch64 404 s (36 s, 130 s, 238 s); less on an idle machine)
+#   .ci/foreign.sh                        (CI calls it from .ci/run; 7.7 minutes on 2 cores shared with
+#                                          other work, the two legs side by side: aarch64 445 s (root file
+#                                          system 22 s, pip 59 s, tests 334 s, test_cli 30 s), s390x 371 s
+#                                          (24 s, 46 s, 263 s, 38 s); more on a busier machine)
 #   FOREIGN_ARCHES=s390x .ci/foreign.sh   (one architecture)
 #
 # Cheap root file systems: `mmdebstrap --variant=extract` unpacks the packages and runs no maintainer
@@ -38,22 +38,21 @@ start=$SECONDS
 # side on 2 cores): the C bindings and struct mirrors, byte order, every reader and writer, round trips of
 # every dtype and layout, CRC32C (every path this CPU has), the conformance corpus, conversions between
 # every format (test_convert*: their torch tests skip, the rest need only numpy), the weights hash and the
-# training record's readers; on s390x also hostile and malformed files, atomic saves and cleanup. SLOW_*:
-# slow-marked modules, run whole: test_cli on s390x (a child interpreter per test, 40 s in two processes
-# once aarch64 is done; its no-ml_dtypes test is real there). Left out for time (each runs in the main leg):
-# on aarch64 the s390x-only modules and test_cli (the script is at ~9 minutes already); everywhere
+# training record's readers, hostile and malformed files, atomic saves and cleanup. SLOW_*: slow-marked
+# modules, run whole: test_cli (a child interpreter per test, 30-40 s in two processes once the other leg
+# is done; its no-ml_dtypes test is real on s390x). Left out for time (each runs in the main leg):
 # test_cli_pipe (~4 minutes under qemu), test_record_schema and test_record_fastcheck (jsonschema-heavy: 5
 # and 2 minutes), test_tree, test_dcp_tiling. Tests needing torch, ml_dtypes (none for s390x), moto,
 # safetensors or google-crc32c skip there with their reason (-ra).
-TESTS_COMMON=(test_lowlevel test_platforms test_readers test_roundtrip test_conformance test_crc32c
-              test_save_fastpath test_cli_escape test_convert test_convert_hostile test_convert_seams test_record_hash
-              test_record_functions)
-TESTS_S390X=("${TESTS_COMMON[@]}" test_hostile test_hostile_values test_malformed test_fastpath test_atomic
-             test_security test_validate_tree test_cleanup)
-TESTS_AARCH64=("${TESTS_COMMON[@]}")
+TESTS=(test_lowlevel test_platforms test_readers test_roundtrip test_conformance test_crc32c test_save_fastpath
+       test_cli_escape test_convert test_convert_hostile test_convert_seams test_record_hash test_record_functions
+       test_hostile test_hostile_values test_malformed test_fastpath test_atomic test_security test_validate_tree
+       test_cleanup)
+TESTS_S390X=("${TESTS[@]}")
+TESTS_AARCH64=("${TESTS[@]}")
 SLOW_S390X=(test_cli)
-SLOW_AARCH64=()
-# s390x's tests in two processes (pytest-xdist): the aarch64 leg ends first and leaves it both cores
+SLOW_AARCH64=(test_cli)
+# s390x's tests in two processes (pytest-xdist), aarch64's in one: three processes keep the 2 cores busy
 declare -A XDIST=([s390x]="-n 2" [aarch64]="")
 PACKAGES=python3,python3-dev,python3-pip,python3-numpy,python3-cffi,python3-jsonschema,python3-pytest
 PACKAGES+=,python3-hypothesis,python3-pytest-xdist,gcc,libc6-dev,dash,bash,coreutils
