@@ -8,10 +8,10 @@
 #   2. files crossing hosts: .ci/foreign_files.py writes one fixed set of tensors on this host and on
 #      each foreign one, every host reads every other's, and the bytes on disk must equal this host's.
 #
-#   .ci/foreign.sh                        (CI calls it from .ci/run; 7.7 minutes on 2 cores shared with
-#                                          other work, the two legs side by side: aarch64 445 s (root file
-#                                          system 22 s, pip 59 s, tests 334 s, test_cli 30 s), s390x 371 s
-#                                          (24 s, 46 s, 263 s, 38 s); more on a busier machine)
+#   .ci/foreign.sh                        (CI calls it from .ci/run; 6 to 8 minutes on 2 cores shared with
+#                                          other work, the two legs side by side: aarch64 340-445 s (root
+#                                          file system 12-22 s, pip 43-59 s, tests 257-334 s, test_cli ~30 s),
+#                                          s390x 283-371 s (18-24 s, 35-46 s, 192-263 s, ~38 s))
 #   FOREIGN_ARCHES=s390x .ci/foreign.sh   (one architecture)
 #
 # Cheap root file systems: `mmdebstrap --variant=extract` unpacks the packages and runs no maintainer
