@@ -41,6 +41,7 @@ __all__ = [
     "check_held",
     "BITS_KEY",
     "bits_row",
+    "bfloat16_bits",
 ]
 
 
@@ -307,6 +308,20 @@ def bits_row(dt: np.dtype) -> Optional[DType]:
     if row is None or row.itemsize != dt.itemsize or dt.kind != "u":
         raise TypeError(f"numpy dtype {dt!r} carries the bits of an unknown tensorlist dtype")
     return row
+
+
+def bfloat16_bits(values) -> np.ndarray:
+    """``values`` rounded to bfloat16 (nearest, ties to even) as a bit carrier, without ml_dtypes.
+
+    The carrier is saved as bfloat16, so a program (the CLI's demo, a test) makes
+    bfloat16 data on any host, s390x included (ml_dtypes has no wheel there).
+    NaN stays NaN (its payload truncated to the top bits, quiet bit kept).
+    """
+    x = np.asarray(values, np.float32).view(np.uint32).astype(np.uint64)
+    nan = (x & 0x7FFFFFFF) > 0x7F800000
+    rounded = (x + 0x7FFF + ((x >> 16) & 1)) >> 16
+    bits = np.where(nan, (x >> 16) | 0x40, rounded).astype(np.uint16)
+    return bits.view(from_name("bfloat16").bits.newbyteorder("="))  # native, as the bits were made
 
 
 def check_held(path, arrays, why_not, max_dim: Optional[int] = None, framework: str = "") -> None:

@@ -178,7 +178,9 @@ class RemoteReader(TensorMapping):
                           limits=self._limits)
 
     # --- the Reader interface ----------------------------------------------------
-    def _fetch(self, positions: List[int]) -> List[np.ndarray]:
+    def _fetch(self, positions: List[int], bits: Optional[bool] = None) -> List[np.ndarray]:
+        """Tensors ``positions``, fetched in merged ranges; ``bits`` (the Reader's choice when None): carriers."""
+        bits = self._bits if bits is None else bits
         if self._closed:
             raise ValueError("I/O operation on a closed Reader")
         table, base = self.descriptor.tensors, self.descriptor.byte_offset
@@ -211,7 +213,7 @@ class RemoteReader(TensorMapping):
         for i in positions:
             try:
                 row = table.dtypes[i]
-                dt = row.bits if self._bits else row.numpy
+                dt = row.bits if bits else row.numpy
             except UnsupportedDTypeError as e:
                 raise unsupported_dtype(self.descriptor, e, i) from None
             shape = table.shapes[i]
@@ -322,11 +324,12 @@ class RemoteReader(TensorMapping):
         return dict(zip(keys, self._fetch(list(range(len(keys))))))
 
     def verify(self, keys=None) -> int:
-        """Fetches the tensors and checks their stored CRC32Cs; returns how many were checked."""
+        """Fetches the tensors and checks their stored CRC32Cs; returns how many were checked (as bit
+        carriers: bfloat16/float8 need no ml_dtypes)."""
         keys = self.keys() if keys is None else list(keys)
         infos = [self.info(k) for k in keys]
         infos = [t for t in infos if t.crc32c is not None]
-        return check_crcs(infos, self._fetch([t.index for t in infos]), self.path)
+        return check_crcs(infos, self._fetch([t.index for t in infos], bits=True), self.path)
 
     def close(self) -> None:
         self._closed = True

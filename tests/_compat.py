@@ -1,6 +1,10 @@
 """What the installed libraries can represent, for the tests' skips (one place for each such check)."""
+import importlib.util
+
 import numpy as np
 import pytest
+
+from tensorlist._dtypes import bfloat16_bits  # noqa: F401  (the tests' bfloat16 data without ml_dtypes)
 
 #: numpy 1.x arrays have at most 32 dims; the format allows 64, numpy 2's limit (format.MAX_DIMS).
 needs_numpy_64_dims = pytest.mark.skipif(
@@ -12,11 +16,15 @@ try:
 except ImportError:  # no wheel for some CPUs (s390x): bfloat16/float8 values cannot be made there, and
     ml_dtypes = None  # tensorlist refuses those dtypes by name (test_conformance checks it where it is missing)
 
+#: A test needing ml_dtypes' values (bfloat16/float8 arithmetic); moving their bytes needs none (bit carriers).
+needs_ml_dtypes = pytest.mark.skipif(ml_dtypes is None, reason="bfloat16/float8 values need ml_dtypes (no wheel "
+                                                                "for this CPU: s390x)")
 
-def bfloat16_bits(values) -> np.ndarray:
-    """bfloat16 ``values`` (rounded to nearest even) as a bit carrier: saved as bfloat16, no ml_dtypes needed."""
-    from tensorlist import _dtypes
+#: A test needing torch in a module whose other tests need only numpy (they run on the s390x leg, without torch).
+needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
+                                 reason="needs torch (pip install 'tensorlist[torch]')")
 
-    x = np.asarray(values, np.float32).view(np.uint32).astype(np.uint64)
-    bits = ((x + 0x7FFF + ((x >> 16) & 1)) >> 16).astype(np.uint16)
-    return bits.view(_dtypes.from_name("bfloat16").bits.newbyteorder("="))  # native, as the bits were made
+
+def formats_marked(formats) -> list:
+    """``formats`` for ``parametrize``, the ``pt`` (torch file) case marked :data:`needs_torch`."""
+    return [pytest.param(f, marks=needs_torch) if f == "pt" else f for f in formats]

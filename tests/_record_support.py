@@ -135,7 +135,9 @@ def reference_sha256(named_arrays) -> str:
     for name, arr in named_arrays:
         arr = np.asarray(arr)
         dt = _dtypes.from_numpy(arr.dtype)
-        raw = np.ascontiguousarray(arr).astype(dt.numpy).tobytes()
+        if dt.carried:  # ml_dtypes values or a bit carrier: its bits as unsigned integers, in its byte order
+            arr = arr.view(np.dtype(f"u{dt.itemsize}").newbyteorder(arr.dtype.byteorder))
+        raw = np.ascontiguousarray(arr).astype(dt.bits).tobytes()
         n, d = name.encode("utf-8"), dt.name.encode()
         parts += [u64(len(n)), n, u64(len(d)), d, u64(arr.ndim)] + [u64(s) for s in arr.shape]
         parts += [u64(len(raw)), raw]

@@ -65,6 +65,21 @@ def test_a_carrier_of_an_unknown_type_is_refused():
     assert _dtypes.from_numpy(np.dtype("<u2", metadata={"other": 1})).name == "uint16"
 
 
+def test_bfloat16_bits_round_as_ml_dtypes_does():
+    """``_dtypes.bfloat16_bits`` (the CLI demo's bfloat16, made without ml_dtypes) rounds to nearest even."""
+    ml_dtypes = pytest.importorskip("ml_dtypes", reason="the reference rounding is ml_dtypes'")
+    special = np.array([0x00000000, 0x80000000, 0x3F808000, 0x3F818000, 0x3F808001, 0x7F7FFFFF, 0x7F800000,
+                        0xFF800000, 0x00000001, 0x807FFFFF, 0x7FC00000, 0x7F800001, 0xFFFFFFFF], np.uint32)
+    x = np.concatenate([special, np.random.default_rng(1).integers(0, 2**32, 10_000, dtype=np.uint32)])
+    f = x.view(np.float32)
+    got = _dtypes.bfloat16_bits(f)
+    assert _dtypes.from_numpy(got.dtype).name == "bfloat16"
+    want = f.astype(ml_dtypes.bfloat16)
+    nan = np.isnan(f)
+    assert (got.view(np.uint16)[~nan] == want.view(np.uint16)[~nan]).all()
+    assert np.isnan(got.view(ml_dtypes.bfloat16)[nan].astype(np.float32)).all()  # NaN stays NaN, never inf
+
+
 torch = pytest.importorskip("torch", reason="the torch bridge's carriers need torch")
 
 

@@ -13,6 +13,7 @@ import pytest
 import tensorlist as tl
 from _compat import bfloat16_bits
 from _record_support import full_record
+from tensorlist import _dtypes
 
 pytestmark = pytest.mark.slow  # every test runs python -m tensorlist in a child
 
@@ -22,6 +23,16 @@ COMMANDS = ["demo", "inspect", "validate", "convert", "diff", "record"]
 def run(*args, cwd=None, env=None, timeout=300):
     return subprocess.run([sys.executable, "-m", "tensorlist", *map(str, args)], capture_output=True, text=True,
                           cwd=cwd, env=env, timeout=timeout)
+
+
+#: The CLI in a child where ``import ml_dtypes`` and ``import torch`` fail, as on s390x (no wheel of either).
+WITHOUT_ML_DTYPES = ("import sys\nsys.modules['ml_dtypes'] = sys.modules['torch'] = None\n"
+                     "from tensorlist.cli import main\nsys.exit(main(sys.argv[1:]))\n")
+
+
+def run_without_ml_dtypes(*args):
+    return subprocess.run([sys.executable, "-c", WITHOUT_ML_DTYPES, *map(str, args)], capture_output=True,
+                          text=True, timeout=300)
 
 
 def _one_error_line(p, command):
@@ -219,3 +230,27 @@ def test_inspect_other_formats(tmp_path, model):
     (tmp_path / "junk.npz").write_bytes(b"PK\x03\x04 junk")
     p = run("inspect", tmp_path / "junk.npz")
     assert p.returncode == 1 and "junk.npz" in _one_error_line(p, "inspect")
+
+
+def test_bfloat16_and_float8_without_ml_dtypes(tmp_path):
+    """validate --verify and convert move bfloat16/float8 as bytes (bit carriers) and demo makes its bfloat16 as
+    one: none of them needs ml_dtypes, which has no wheel for s390x."""
+    f8 = np.array([0x38, 0x7F, 0x80], np.uint8).view(_dtypes.from_name("float8_e4m3fn").bits)
+    want = {"bf": bfloat16_bits([1.5, -2.0, np.nan]), "f8": f8, "w": np.arange(3, dtype=np.float32)}
+    src = tmp_path / "m.tl"
+    tl.save(src, want)
+    p = run_without_ml_dtypes("validate", "--verify", src)
+    assert p.returncode == 0 and "checksums verified" in p.stdout, p.stdout + p.stderr
+    for dst in ("m.safetensors", "m.npz", "again.tl"):
+        assert run_without_ml_dtypes("convert", src, tmp_path / dst).returncode == 0
+        p = run_without_ml_dtypes("convert", tmp_path / dst, tmp_path / f"back-{dst}.tl")
+        assert p.returncode == 0, p.stderr
+        back = tl.load(tmp_path / f"back-{dst}.tl", bits=True)
+        assert {k: _dtypes.from_numpy(a.dtype).name for k, a in back.items()} == {"bf": "bfloat16",
+                                                                                "f8": "float8_e4m3fn", "w": "float32"}
+        assert all(back[k].tobytes() == _dtypes.as_little(a).tobytes() for k, a in want.items()), dst
+        assert run_without_ml_dtypes("diff", src, tmp_path / dst).returncode == 0
+    p = run_without_ml_dtypes("demo", "--dir", tmp_path / "d")
+    assert p.returncode == 0 and "training demo skipped" in p.stdout, p.stderr
+    with tl.open(tmp_path / "d" / "model.tl", bits=True) as r:
+        assert _dtypes.from_numpy(r["block.0.attn.qkv"].dtype).name == "bfloat16"

@@ -85,7 +85,9 @@ def cli(capsys, *args):
 
 
 def same(got, want, what=""):
-    assert got.dtype == want.dtype and got.shape == want.shape, (what, got.dtype, got.shape, want.dtype, want.shape)
+    """Same dtype (a bit carrier, as sources give bfloat16/float8, counts as its type), shape and bytes."""
+    assert _dtypes.from_numpy(got.dtype) is _dtypes.from_numpy(want.dtype) and got.shape == want.shape, (
+        what, got.dtype, got.shape, want.dtype, want.shape)
     assert got.tobytes() == want.tobytes(), what
 
 

@@ -237,9 +237,20 @@ class Entry:
         self._get = get
 
     def array(self) -> np.ndarray:
-        """The tensor, little-endian and C-contiguous (usually a view of a mapped file)."""
+        """The tensor's bytes, little-endian and C-contiguous (usually a view of a mapped file).
+
+        bfloat16/float8 come as bit carriers (``DType.bits``, which every writer stores as their dtype): a
+        conversion moves bytes, so it needs no ml_dtypes (none for s390x) and never rounds a value.
+        """
         a = _dtypes.as_little(self._get())
+        if self.dtype.carried:  # a source that made ml_dtypes values (checkpoint directories do): the same bytes
+            a = a.view(self.dtype.bits)
         return a if a.flags.c_contiguous else np.ascontiguousarray(a).reshape(a.shape)
+
+    def values(self) -> np.ndarray:
+        """:meth:`array` with its dtype's values (bfloat16/float8 through ml_dtypes), for arithmetic."""
+        a = self.array()
+        return a.view(self.dtype.numpy) if self.dtype.carried else a
 
 
 class Source:

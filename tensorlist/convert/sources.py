@@ -93,7 +93,7 @@ def open_source(path, fmt: Optional[str] = None, *, allow_outside: bool = False,
 
 def _open_tensorlist(path: str, fmt: str, allow_outside: bool, pointer: Optional[str], limits: Limits) -> Source:
     r = Reader(path, allow_outside=allow_outside, pointer=pointer, max_tensors=limits.max_tensors,
-               max_total_bytes=limits.max_total_bytes)
+               max_total_bytes=limits.max_total_bytes, bits=True)
     d = r.descriptor
     named = d.tensors.names is not None
     entries = [Entry(k, t.dtype, t.shape, (lambda i=i: r[i])) for i, (k, t) in enumerate(zip(r.keys(), d.tensors))]
@@ -228,8 +228,8 @@ class SafetensorsFile:
 
     def array(self, begin: int, end: int, row: _dtypes.DType, shape) -> np.ndarray:
         if end == begin:
-            return np.empty(shape, row.numpy)
-        return np.frombuffer(self.mm, np.uint8, end - begin, self.data_start + begin).view(row.numpy).reshape(shape)
+            return np.empty(shape, row.bits)
+        return np.frombuffer(self.mm, np.uint8, end - begin, self.data_start + begin).view(row.bits).reshape(shape)
 
     def entries(self) -> List[Entry]:
         return [Entry(name, row, shape, (lambda b=b, e=e, row=row, shape=shape: self.array(b, e, row, shape)))
@@ -425,9 +425,9 @@ def _open_npz(path: str) -> Source:
             raw = dtypes.get(name)
             if raw is not None:
                 row = _dtypes.from_name(raw)
-                if dt != UINT[row.itemsize]:
-                    raise FormatError(f"{NPZ_SIDECAR} says it holds {raw}, stored as {UINT[row.itemsize]}, but its "
-                                      f"dtype is {dt}", file=path, tensor_index=i, tensor_name=name, field="dtype")
+                if dt.kind != "u" or dt.itemsize != row.itemsize:  # either byte order (numpy writes native)
+                    raise FormatError(f"{NPZ_SIDECAR} says it holds {raw}, stored as {UINT[row.itemsize].name}, but "
+                                      f"its dtype is {dt.name}", file=path, tensor_index=i, tensor_name=name, field="dtype")
             else:
                 row = row_of(dt, path, name, i)
             check_shape(list(shape), row, file=path, index=i, name=name)
@@ -462,8 +462,8 @@ def _npz_get(z, name: str, row: _dtypes.DType, path: str) -> np.ndarray:
         a = z[name]
     except Exception as e:
         raise FormatError(f"entry {name!r} cannot be read: {e}", file=path) from e
-    if row.name in RAW_DTYPES:
-        a = np.ascontiguousarray(a).view(row.numpy)
+    if row.name in RAW_DTYPES:  # its bits as unsigned integers: little-endian, then the carrier
+        a = _dtypes.as_little(np.ascontiguousarray(a)).view(row.bits)
     return a
 
 

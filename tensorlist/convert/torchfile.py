@@ -68,7 +68,7 @@ def open_pt(path: str, limits: Limits = Limits()) -> Source:
     def tensor(v, i: int, name: str) -> np.ndarray:
         where = f"tensor {name!r}"
         try:
-            return to_numpy(v, where)
+            return to_numpy(v, where, bits=True)  # bfloat16/float8 as carriers: bytes moved, no ml_dtypes
         except TypeError as e:  # sparse, quantized, meta: the bridge says why, the file is named here
             why = str(e)[len(where) + 2:] if str(e).startswith(where + ": ") else str(e)
             raise FormatError(why, file=path, tensor_index=i, tensor_name=name) from e
