@@ -135,10 +135,12 @@ def _shared(a: np.ndarray) -> torch.Tensor:
     row = _dtypes.from_numpy(a.dtype)
     if not a.dtype.isnative and a.dtype.itemsize > 1:
         a = a.astype(a.dtype.newbyteorder("="))
-    if row.carried:
-        t = torch.from_numpy(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
-        return t.view(getattr(torch, row.name)).reshape(a.shape)
-    return torch.from_numpy(a)
+    if not row.carried:
+        return torch.from_numpy(a)
+    if a.size and a.flags.c_contiguous:  # a load's views: re-typed in place as the same-size integer (uint16...)
+        return torch.from_numpy(a if a.dtype.kind == "u" else a.view(row.bits)).view(getattr(torch, row.name))
+    t = torch.from_numpy(np.ascontiguousarray(a).reshape(-1).view(np.uint8))  # fresh contiguous strides
+    return t.view(getattr(torch, row.name)).reshape(a.shape)
 
 
 def state_to_numpy(state: Dict[str, torch.Tensor], *, bits: bool = False) -> Dict[str, np.ndarray]:
