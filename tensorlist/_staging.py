@@ -266,6 +266,7 @@ def load(path, device, *, pointer: Optional[str] = None, mmap=True, verify: bool
     device = _usable(device, path)
     if device.type == "cpu":
         # bit carriers: torch holds bfloat16/float8 itself, so ml_dtypes is never imported here
+        # (tensorlist.torch.load_state makes the same two calls for "cpu", without importing this module)
         arrays = reader.load(path, pointer=pointer, mmap=mmap, verify=verify, bits=True, **reader_options)
         return from_numpy_all(arrays)
     with reader.open(path, pointer=pointer, mmap=False, **reader_options) as r:

@@ -7,7 +7,8 @@ mapping (used by ``nn.load_model_weights`` and the loops' resume too). The
 tensor conversion itself (``to_numpy``, ``from_numpy``, ``torch_dtype``) lives
 in ``_torch_bridge`` and is re-exported here. See docs/LOOPS.md.
 
-Imports ``_torch_bridge``, ``_jsonio`` and ``errors``; ``_staging`` and ``reader`` on the first load,
+Imports ``_torch_bridge``, ``_jsonio`` and ``errors``; ``reader`` on the first load (``_staging`` on the
+first load onto an accelerator),
 ``_states``, ``writer`` and ``record`` where first used, so that ``import tensorlist.torch`` costs about
 what ``import safetensors.torch`` does (``bench/bench_startup.py``), and a program that only loads
 never imports the writer.
@@ -21,7 +22,7 @@ from typing import Dict, List, Mapping, Optional, Tuple
 import torch
 
 from ._jsonio import dumps, from_tagged, loads_strict, to_tagged
-from ._torch_bridge import from_numpy, state_to_numpy, to_numpy, torch_dtype
+from ._torch_bridge import from_numpy, from_numpy_all, state_to_numpy, to_numpy, torch_dtype
 from .errors import FormatError, short_repr
 
 __all__ = [
@@ -167,9 +168,14 @@ def load_state(path, *, device=None, pointer: Optional[str] = None, mmap=True,
     the next chunk is read (see ``tensorlist._staging``); ``verify`` then
     checks the CRC32Cs on the staged bytes.
     """
+    if device is None or (isinstance(device, str) and device == "cpu"):
+        # _staging.load's CPU path, without importing the staging ring (0.3 ms of a torch program's first load)
+        from .reader import load
+
+        return from_numpy_all(load(path, pointer=pointer, mmap=mmap, verify=verify, bits=True))
     from ._staging import load as staged_load  # the reader, the C core and the staging ring: on the first load
 
-    return staged_load(path, "cpu" if device is None else device, pointer=pointer, mmap=mmap, verify=verify)
+    return staged_load(path, device, pointer=pointer, mmap=mmap, verify=verify)
 
 
 def match_state(expected: Mapping, given: Mapping) -> LoadResult:
