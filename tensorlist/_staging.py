@@ -26,7 +26,7 @@ from typing import Dict, List, Mapping, NamedTuple, Optional
 import torch
 
 from . import _dtypes, _lowlevel, reader
-from ._torch_bridge import from_numpy, torch_dtype
+from ._torch_bridge import from_numpy, from_numpy_all, torch_dtype
 from .errors import ChecksumError
 
 __all__ = ["load", "load_into_device", "plan_chunks", "Chunk", "Piece", "Ring", "CHUNK_BYTES", "BUFFERS"]
@@ -266,8 +266,9 @@ def load(path, device, *, pointer: Optional[str] = None, mmap=True, verify: bool
     device = _usable(device, path)
     if device.type == "cpu":
         # bit carriers: torch holds bfloat16/float8 itself, so ml_dtypes is never imported here
+        # (tensorlist.torch.load_state makes the same two calls for "cpu", without importing this module)
         arrays = reader.load(path, pointer=pointer, mmap=mmap, verify=verify, bits=True, **reader_options)
-        return {k: from_numpy(a) for k, a in arrays.items()}
+        return from_numpy_all(arrays)
     with reader.open(path, pointer=pointer, mmap=False, **reader_options) as r:
         if verify and len(r) and (r.descriptor.tensors.crcs is None
                                   or all(c is None for c in r.descriptor.tensors.crcs)):

@@ -19,14 +19,14 @@ converts through here, so every path resolves and refuses the same tensors:
 from __future__ import annotations
 
 import warnings
-from typing import Dict, Optional
+from typing import Dict, Mapping, Optional
 
 import numpy as np
 import torch
 
 from . import _dtypes
 
-__all__ = ["to_numpy", "from_numpy", "torch_dtype", "state_to_numpy", "is_tensor"]
+__all__ = ["to_numpy", "from_numpy", "from_numpy_all", "torch_dtype", "state_to_numpy", "is_tensor"]
 
 
 #: The integer dtype of each item size: a carried type's bits are moved and copied as these.
@@ -110,17 +110,38 @@ def from_numpy(a: np.ndarray, device: Optional[torch.device] = None) -> torch.Te
     that must not be written to; torch has no read-only tensors, so its warning about it is
     silenced here and the rule is the caller's.
     """
+    if a.flags.writeable:
+        t = _shared(a)
+    else:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # see _shared
+            t = _shared(a)
+    return t.to(device) if device is not None else t
+
+
+def from_numpy_all(arrays: Mapping[str, np.ndarray]) -> Dict[str, torch.Tensor]:
+    """:func:`from_numpy` of every array of a load (CPU), under one warnings filter rather than one each."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # see _shared
+        return {k: _shared(a) for k, a in arrays.items()}
+
+
+def _shared(a: np.ndarray) -> torch.Tensor:
+    """The CPU tensor over ``a``'s memory (a carrier re-typed), or over a native-order copy of a swapped ``a``.
+
+    Callers run it with UserWarning ignored: the one torch gives here is "The given NumPy array is not
+    writable" (a read-only mapping), and filtering by that message instead would compile a pattern in
+    every process's first load (0.1 ms).
+    """
     row = _dtypes.from_numpy(a.dtype)
     if not a.dtype.isnative and a.dtype.itemsize > 1:
         a = a.astype(a.dtype.newbyteorder("="))
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        if row.carried:
-            t = torch.from_numpy(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
-            t = t.view(getattr(torch, row.name)).reshape(a.shape)
-        else:
-            t = torch.from_numpy(a)
-    return t.to(device) if device is not None else t
+    if not row.carried:
+        return torch.from_numpy(a)
+    if a.size and a.flags.c_contiguous:  # a load's views: re-typed in place as the same-size integer (uint16...)
+        return torch.from_numpy(a if a.dtype.kind == "u" else a.view(row.bits)).view(getattr(torch, row.name))
+    t = torch.from_numpy(np.ascontiguousarray(a).reshape(-1).view(np.uint8))  # fresh contiguous strides
+    return t.view(getattr(torch, row.name)).reshape(a.shape)
 
 
 def state_to_numpy(state: Dict[str, torch.Tensor], *, bits: bool = False) -> Dict[str, np.ndarray]:

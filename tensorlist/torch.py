@@ -7,22 +7,22 @@ mapping (used by ``nn.load_model_weights`` and the loops' resume too). The
 tensor conversion itself (``to_numpy``, ``from_numpy``, ``torch_dtype``) lives
 in ``_torch_bridge`` and is re-exported here. See docs/LOOPS.md.
 
-Imports ``_torch_bridge``, ``_staging``, ``_jsonio``, ``_states``, ``errors``, ``reader``, ``writer`` and ``record``.
+Imports ``_torch_bridge``, ``_jsonio`` and ``errors``; ``reader`` on the first load (``_staging`` on the
+first load onto an accelerator),
+``_states``, ``writer`` and ``record`` where first used, so that ``import tensorlist.torch`` costs about
+what ``import safetensors.torch`` does (``bench/bench_startup.py``), and a program that only loads
+never imports the writer.
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 from typing import Dict, List, Mapping, Optional, Tuple
 
 import torch
 
-from . import reader, writer
 from ._jsonio import dumps, from_tagged, loads_strict, to_tagged
-from ._staging import load as staged_load, load_into_device
-from ._states import check_like, check_optimizer_dict
-from ._torch_bridge import from_numpy, state_to_numpy, to_numpy, torch_dtype
+from ._torch_bridge import from_numpy, from_numpy_all, state_to_numpy, to_numpy, torch_dtype
 from .errors import FormatError, short_repr
 
 __all__ = [
@@ -46,7 +46,6 @@ __all__ = [
 OPTIMIZER_STATE_FORMAT = "tensorlist.torch-optimizer-state/1"
 
 
-@dataclasses.dataclass(frozen=True)
 class LoadResult:
     """What a non-strict load did (BigDL's ``loadWeights(path, matchAll=false)``, made explicit).
 
@@ -56,12 +55,45 @@ class LoadResult:
         unexpected: the file's names the module does not have (ignored).
         mismatched: ``(name, file shape, module shape)`` for names of the wrong
             shape (left unchanged).
+
+    Immutable, compared and hashed by its fields, as a frozen dataclass would
+    be; written out because ``@dataclass`` costs 0.4 to 0.7 ms at import, and
+    every torch program that loads a file imports this module.
     """
+
+    __slots__ = ("loaded", "missing", "unexpected", "mismatched")
 
     loaded: Tuple[str, ...]
     missing: Tuple[str, ...]
     unexpected: Tuple[str, ...]
     mismatched: Tuple[Tuple[str, Tuple[int, ...], Tuple[int, ...]], ...]
+
+    def __init__(self, loaded: Tuple[str, ...], missing: Tuple[str, ...], unexpected: Tuple[str, ...],
+                 mismatched: Tuple[Tuple[str, Tuple[int, ...], Tuple[int, ...]], ...]):
+        set_ = object.__setattr__
+        set_(self, "loaded", loaded)
+        set_(self, "missing", missing)
+        set_(self, "unexpected", unexpected)
+        set_(self, "mismatched", mismatched)
+
+    def __setattr__(self, attr, value):
+        raise AttributeError(f"cannot assign to field {attr!r}")
+
+    def __delattr__(self, attr):
+        raise AttributeError(f"cannot delete field {attr!r}")
+
+    def _fields(self):
+        return self.loaded, self.missing, self.unexpected, self.mismatched
+
+    def __eq__(self, other):
+        return self._fields() == other._fields() if other.__class__ is self.__class__ else NotImplemented
+
+    def __hash__(self):
+        return hash(self._fields())
+
+    def __repr__(self):
+        return (f"LoadResult(loaded={self.loaded!r}, missing={self.missing!r}, unexpected={self.unexpected!r}, "
+                f"mismatched={self.mismatched!r})")
 
     @property
     def complete(self) -> bool:
@@ -117,6 +149,8 @@ def save_module_state(path, module, *, training: Optional[Mapping] = None,
         save_model_file(path, arrays, training=training, dataset_params=dataset_params, metadata=metadata,
                         **save_options)
         return
+    from . import writer  # here, not at import: a program that only loads never imports the writer
+
     writer.save(path, arrays, metadata=dict(metadata) if metadata else None, **save_options)
 
 
@@ -134,7 +168,14 @@ def load_state(path, *, device=None, pointer: Optional[str] = None, mmap=True,
     the next chunk is read (see ``tensorlist._staging``); ``verify`` then
     checks the CRC32Cs on the staged bytes.
     """
-    return staged_load(path, "cpu" if device is None else device, pointer=pointer, mmap=mmap, verify=verify)
+    if device is None or (isinstance(device, str) and device == "cpu"):
+        # _staging.load's CPU path, without importing the staging ring (0.3 ms of a torch program's first load)
+        from .reader import load
+
+        return from_numpy_all(load(path, pointer=pointer, mmap=mmap, verify=verify, bits=True))
+    from ._staging import load as staged_load  # the reader, the C core and the staging ring: on the first load
+
+    return staged_load(path, device, pointer=pointer, mmap=mmap, verify=verify)
 
 
 def match_state(expected: Mapping, given: Mapping) -> LoadResult:
@@ -214,7 +255,10 @@ def load_module_state(path, module: torch.nn.Module, *, strict: bool = True, dev
             on_device.setdefault(own[name].device, []).append(name)
     with torch.no_grad():
         if on_device:
-            with reader.Reader(path, pointer=pointer, mmap=False) as r:
+            from ._staging import load_into_device
+            from .reader import Reader
+
+            with Reader(path, pointer=pointer, mmap=False) as r:
                 for dev, names in on_device.items():
                     direct = {n: own[n] for n in names
                               if own[n].dtype == file_state[n].dtype and own[n].is_contiguous()}
@@ -303,6 +347,8 @@ def optimizer_state_from_parts(tensors: Mapping[str, torch.Tensor], meta: Mappin
         raise FormatError(f"must be an object of other keys, got {short_repr(extra)}", file=file,
                           field=f"{field}.extra")
     out.update(extra)
+    from ._states import check_optimizer_dict  # the optimizer paths only: loads of module states skip it
+
     check_optimizer_dict(out, file=file, field=field)
     return out
 
@@ -326,6 +372,8 @@ def save_optimizer_state(path, optimizer, *, training: Optional[Mapping] = None,
         validate_dataset_params(dataset_params, field_prefix="dataset_params")
         metadata["training"] = loads_strict(dumps(training))  # plain JSON values (tuples become lists)
         metadata["dataset_params"] = loads_strict(dumps(dataset_params))
+    from . import writer
+
     writer.save(path, state_to_numpy(tensors, bits=True), metadata=metadata, **save_options)
 
 
@@ -345,7 +393,9 @@ def load_optimizer_state(path, optimizer=None, *, device=None, pointer: Optional
         ValueError: it does not fit the optimizer (another class, other groups
             or parameter counts); the optimizer is then left unchanged.
     """
-    with reader.Reader(path, pointer=pointer) as r:
+    from .reader import Reader
+
+    with Reader(path, pointer=pointer) as r:
         meta = r.metadata
     meta = meta.get("optimizer") if isinstance(meta, Mapping) else None
     if meta is None:
@@ -371,6 +421,8 @@ def check_optimizer_state(optimizer, sd: Mapping, *, where: str = "optimizer sta
     JSON types the optimizer's own are (``_states.check_like``: ``lr`` a
     string), is a FormatError naming ``where`` and the field.
     """
+    from ._states import check_like, check_optimizer_dict
+
     check_optimizer_dict(sd, file=where, field="optimizer")
     groups = optimizer.param_groups
     saved = sd["param_groups"]

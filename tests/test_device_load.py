@@ -297,18 +297,19 @@ def test_a_device_without_torch_is_a_clear_import_error(saved):
 def test_module_state_through_the_staging(tmp_path, monkeypatch):
     """load_module_state's accelerator path, run on CPU tensors: in place where the dtype matches, else a cast."""
     import tensorlist.torch as adapters
+    from tensorlist import _staging
 
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.Linear(300, 7), torch.nn.BatchNorm1d(7))
     tt.save_module_state(tmp_path / "m.tl", m)
     calls = []
-    real = adapters.load_into_device
+    real = _staging.load_into_device  # tensorlist.torch imports it at the call
 
     def spy(r, device, **kw):
         calls.append((sorted(kw["keys"]), sorted(kw["into"])))
         return real(r, device, chunk_bytes=512, **kw)
 
-    monkeypatch.setattr(adapters, "load_into_device", spy)
+    monkeypatch.setattr(_staging, "load_into_device", spy)
     monkeypatch.setattr(adapters, "_staged", lambda t: True)
     g = torch.nn.Sequential(torch.nn.Linear(300, 7), torch.nn.BatchNorm1d(7))
     g[0].weight.data = g[0].weight.data.double()  # one parameter of another dtype: staged, then cast

@@ -238,6 +238,62 @@ def test_remote_reader_refuses_an_unsupported_dtype_by_name(files):
     assert "float8_e8m0fnu" in reason and "ml_dtypes >= 0.5.0" in reason
 
 
+#: what the package facade and ``import tensorlist.torch`` leave to first use (bench/bench_startup.py)
+DEFERRED = ("tensorlist.reader", "tensorlist.writer", "tensorlist.schema", "tensorlist.remote", "tensorlist.dlpack",
+            "tensorlist.format", "tensorlist._core", "tensorlist._staging", "tensorlist._states",
+            "tensorlist.record")
+
+
+def test_facade_is_lazy_and_exposes_all_of_its_names():
+    out = child("""
+        import tensorlist as tl
+        out["imported"] = sorted(m for m in sys.modules if m.startswith("tensorlist."))
+        out["missing"] = [n for n in tl.__all__ if not hasattr(tl, n)]
+        out["not_in_dir"] = sorted(set(tl.__all__) - set(dir(tl)))
+        from tensorlist import Reader, load, save, MAX_TENSORS
+        import tensorlist.format, tensorlist.reader, tensorlist.writer
+        out["same"] = [tl.Reader is tensorlist.reader.Reader, tl.load is load is tensorlist.reader.load,
+                       tl.save is save is tensorlist.writer.save, MAX_TENSORS == tensorlist.format.MAX_TENSORS]
+        out["submodule"] = tl.schema.__name__  # the modules the facade used to import stay reachable
+        try:
+            tl.no_such_name
+        except AttributeError as e:
+            out["unknown"] = str(e)
+        out["remote_before"] = "tensorlist.remote" in sys.modules
+        out["url_reader"] = tl._backends.dispatch("reader", "memory://m.tl").__name__  # imports the URL backend
+        out["remote_after"] = "tensorlist.remote" in sys.modules
+        out["heavy"] = heavy()
+        """)
+    assert not set(out["imported"]) & set(DEFERRED), out["imported"]
+    assert out["missing"] == [] and out["not_in_dir"] == [] and out["same"] == [True] * 4
+    assert out["submodule"] == "tensorlist.schema" and "no_such_name" in out["unknown"]
+    assert (out["remote_before"], out["url_reader"], out["remote_after"]) == (False, "RemoteReader", True)
+    assert out["heavy"] == []
+
+
+def test_torch_adapter_imports_the_reader_at_the_first_load_and_never_the_writer(tmp_path):
+    """A CPU load_state needs the reader only: not the staging ring, the writer, the schema or the URL backend."""
+    pytest.importorskip("torch", reason="the torch paths need torch (the torch extra)")
+    path = str(tmp_path / "m.tl")
+    tl.save(path, {"w": np.arange(6, dtype=np.float32).reshape(2, 3)})
+    out = child(f"""
+        import torch
+        out["torch_heavy"] = heavy()  # what torch itself imports (tqdm, with some versions)
+        import tensorlist.torch as tt
+        mods = lambda: sorted(m for m in sys.modules if m.startswith("tensorlist."))
+        out["import"] = mods()
+        out["w"] = tt.load_state({path!r})["w"].tolist()
+        out["load"] = mods()
+        out["heavy"] = heavy()
+        """)
+    assert not set(out["import"]) & set(DEFERRED), out["import"]
+    assert out["w"] == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
+    assert "tensorlist.reader" in out["load"]
+    assert not set(out["load"]) & {"tensorlist.writer", "tensorlist.schema", "tensorlist.remote",
+                                   "tensorlist._staging", "tensorlist._states", "tensorlist.record"}, out["load"]
+    assert out["heavy"] == out["torch_heavy"]
+
+
 def test_torch_paths_never_import_ml_dtypes(tmp_path):
     """torch holds bfloat16 and float8 itself: its saves and loads move their bits, never ml_dtypes' values."""
     pytest.importorskip("torch", reason="the torch paths need torch (the torch extra)")
