@@ -20,7 +20,7 @@ collect_ignore = []
 if importlib.util.find_spec("torch") is None:
     collect_ignore += ["tensorlist/torch.py", "tensorlist/_torch_bridge.py", "tensorlist/_staging.py",
                        "tensorlist/nn.py", "tensorlist/dcp/_storage.py", "tensorlist/loops",
-                       "tensorlist/huggingface.py"]
+                       "tensorlist/huggingface.py", "tensorlist/_hf_states.py", "tensorlist/_hf_trainer.py"]
 if importlib.util.find_spec("mlx") is None:
     collect_ignore += ["tensorlist/mlx.py", "tensorlist/_mlx_bridge.py"]
 if importlib.util.find_spec("tensorflow") is None:

@@ -88,6 +88,8 @@ def test_odd_dtype_fp8(impl, tmp_path, name, value):
     dtype = getattr(torch, name, None)
     if dtype is None:
         pytest.skip(f"this torch has no {name}")
+    if impl is Stock and dtype not in getattr(st_torch, "_SIZE", {}):
+        pytest.skip(f"safetensors {safetensors.__version__} has no {name}")
     impl.save({"test": torch.tensor([value], dtype=dtype)}, tmp_path / ("m" + impl.suffix))
     reloaded = impl.load(tmp_path / ("m" + impl.suffix))
     assert reloaded["test"].dtype == dtype and reloaded["test"].item() == value
