@@ -618,6 +618,9 @@ def main(argv=None) -> int:
     p.add_argument("--dir", default=None, help="where the temporary directory goes (default: system temp)")
     p.add_argument("--json", default=None, help="also write the results as JSON here")
     p.add_argument("--quiet", action="store_true", help="no per-run progress lines")
+    p.add_argument("--drop-caches", action="store_true",
+                   help="Linux, as root: drop the page cache once before the run, so that no save pays for "
+                        "evicting other programs' cached files (the noise of a full page cache)")
     args = p.parse_args(argv)
     if args.gib is None:
         args.gib = 1 / 16 if args.quick else 1.0
@@ -635,6 +638,10 @@ def main(argv=None) -> int:
         if not args.quiet:
             print(msg, file=sys.stderr, flush=True)
 
+    if args.drop_caches:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:  # 1: the clean page cache only
+            f.write("1")
     root = tempfile.mkdtemp(prefix="tensorlist-bench-", dir=args.dir)
     meta = {"env": environment(root), "repeat": args.repeat, "warmup": args.warmup, "touch": args.touch,
             "workloads": {}}
@@ -666,7 +673,8 @@ def main(argv=None) -> int:
     out.write(f"tensorlist I/O benchmark: python {env['python']}, numpy {env['numpy']}, "
               f"safetensors {env['safetensors']}, torch {env['torch']}, {env['cores']} cores, "
               f"{env['filesystem']} at {args.dir or 'the system temp dir'}\n")
-    out.write(f"page cache warm for every contender (nothing dropped); median of {args.repeat} runs "
+    out.write(f"page cache warm for every contender ({'dropped once before the run, ' if args.drop_caches else ''}"
+              f"nothing dropped between runs); median of {args.repeat} runs "
               f"(at most {args.slow_cap} for contenders >5x slower than tensorlist and >2 s), "
               f"contenders interleaved across runs in a new seeded order each round; touch = "
               f"{'one byte per 4 KiB page' if args.touch == 'pages' else 'sum of every element'}; "
