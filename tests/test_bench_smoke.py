@@ -146,3 +146,18 @@ def test_bench_loaders_runs_every_installed_contender_cold_and_warm(tmp_path):
     assert max(report["residency"]["cold"]) < 0.01 and min(report["residency"]["warm"]) == 1.0
     assert "-- cold page cache" in proc.stdout and "-- warm page cache" in proc.stdout
     assert not [p for p in os.listdir(tmp_path) if p.startswith("tensorlist-loaders-")]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise and posix_fadvise are Linux's")
+def test_bench_cold_map_runs_every_way_and_cleans_up(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "bench", "bench_cold_map.py"), "--gib", "0.01", "--rounds", "1",
+         "--threads", "2", "--dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = {line.split()[0]: line.split()[1:] for line in proc.stdout.splitlines()[2:]}
+    assert set(rows) == {"touch", "willneed", "fadvise", "populate"}, proc.stdout
+    assert all(float(v[0]) > 0 and len(v) == 4 for v in rows.values()), proc.stdout
+    assert rows["touch"][2:] == ["1.00", "1.00"]
+    assert not [p for p in os.listdir(tmp_path) if p.startswith("tensorlist-cold-")]
