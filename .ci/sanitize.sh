@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# The C core under AddressSanitizer + UndefinedBehaviorSanitizer, valgrind and libFuzzer.
+# The C core under AddressSanitizer + UndefinedBehaviorSanitizer, ThreadSanitizer, valgrind and libFuzzer.
 #
 #   .ci/sanitize.sh            (CI calls it after the main suite; 1-2 minutes on 2 cores, plus installing clang)
 #
 # 1. A separate ASan/UBSan build of the extension (TENSORLIST_SANITIZE=1) in a scratch copy of the
 #    tree; a canary proves the sanitizer is live (an out-of-bounds read through the C API must be
 #    caught), then the C-level tests run against that build with libasan preloaded.
+#    ThreadSanitizer (after its own canary, a racy program it must catch) over tests/c/test_core.c.
 # 2. valgrind memcheck over a small driver of the C API (fuzz/standalone.c) and the seed corpus.
 # 3. A short libFuzzer run of fuzz/fuzz_c.c (clang), when clang is installed or installable.
 # Needs gcc with libasan/libubsan (gcc's own runtime), valgrind; installs what is missing with apt.
@@ -60,6 +61,21 @@ start=$SECONDS
     -p no:cacheprovider -o addopts="" tests/test_fastpath.py tests/test_fuzz.py tests/test_security.py \
     tests/test_roundtrip.py)
 echo "sanitized tests: $((SECONDS - start)) s"
+
+echo "== 1b. ThreadSanitizer over the C test driver (threaded reads, writes, checksum follower)"
+cat > "$WORK/race.c" <<'C'
+#include <pthread.h>
+static int shared;
+static void *bump(void *arg) { (void)arg; shared++; return 0; }
+int main(void) { pthread_t t; pthread_create(&t, 0, bump, 0); shared++; pthread_join(t, 0); return 0; }
+C
+gcc -fsanitize=thread -g -pthread -o "$WORK/race" "$WORK/race.c"
+if TSAN_OPTIONS=halt_on_error=1 "$WORK/race" 2>"$WORK/race.log" || ! grep -q "data race" "$WORK/race.log"; then
+    echo "canary: ThreadSanitizer did not catch a data race"; cat "$WORK/race.log"; exit 1
+fi
+gcc -std=c11 -O1 -g -fsanitize=thread -pthread -Icsrc -o "$WORK/test_core_tsan" tests/c/test_core.c csrc/*.c -lm
+TMPDIR="$WORK" TSAN_OPTIONS=halt_on_error=1 "$WORK/test_core_tsan" tests/c/corpus.txt tests/conformance/valid/*.tl \
+    tests/conformance/valid/*.json tests/conformance/valid/*.lamp tests/conformance/invalid/*.tl | tail -1
 
 echo "== 2. valgrind (memcheck) over the C API driver"
 need valgrind valgrind

@@ -238,16 +238,23 @@ def test_save_over_a_directory_is_refused(tmp_path):
 
 
 @pytest.mark.slow  # a child with a file-size limit
-def test_write_error_mid_save_leaves_old_file_and_no_temp_files(old_file):
-    """A write that fails half-way (here: a file-size limit, as on a full disk) cleans up."""
+@pytest.mark.parametrize("limit_mib,tensor_mib,threads", [(1, [4], 1), (16, [12, 12], 2)],
+                         ids=["one-thread", "checksum-follower"])
+def test_write_error_mid_save_leaves_old_file_and_no_temp_files(old_file, limit_mib, tensor_mib, threads):
+    """A write that fails half-way (here: a file-size limit, as on a full disk) cleans up.
+
+    With 24 MiB and two threads, the failure comes while the second thread checksums behind the
+    writer: it must stop too, not wait for bytes that will never be written.
+    """
     before = _listing(old_file.parent)
     script = textwrap.dedent(f"""
         import errno, resource, signal
         import numpy as np, tensorlist as tl
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+        resource.setrlimit(resource.RLIMIT_FSIZE, ({limit_mib} << 20, {limit_mib} << 20))
         try:
-            tl.save({str(old_file)!r}, {{"w": np.ones(4 << 20, np.uint8)}})
+            tl.save({str(old_file)!r}, {{f"t{{i}}": np.ones(m << 20, np.uint8) for i, m in enumerate({tensor_mib})}},
+                    threads={threads})
         except OSError as e:
             print("OSError", errno.errorcode[e.errno])
     """)
