@@ -29,7 +29,7 @@
 #define PARALLEL_MIN ((uint64_t)8 << 20)   /* below this, one thread does all the work */
 #define FUSED_PIECE ((uint64_t)512 << 10)  /* CRC then write this much at a time (stays in L2) */
 #define FOLLOW_PIECE ((uint64_t)1 << 20)   /* with a follower: write this much, then tell it */
-#define FOLLOW_BATCH ((uint64_t)2 << 20)   /* the follower wakes for this much written */
+#define FOLLOW_BATCH ((uint64_t)16 << 20) /* the follower wakes for this much written (2 MiB: more stalls) */
 #define WRITEBACK_BYTES ((uint64_t)16 << 20) /* TL_WRITE_WRITEBACK: start writeback this often */
 
 const char *tl_strerror(int status) {
@@ -392,7 +392,7 @@ typedef struct {
 } write_job;
 
 /* The follower: a second thread that checksums the directly written items in
- * file order, a few MiB behind the writer (the bytes the kernel has just
+ * file order, about FOLLOW_BATCH behind the writer (the bytes the kernel has just
  * copied are still in the shared cache), so the writer's own thread does no
  * more than a raw write() would. The writer publishes how many direct bytes it
  * has written; the follower sleeps until FOLLOW_BATCH more are there. */
