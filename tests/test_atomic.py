@@ -238,13 +238,13 @@ def test_save_over_a_directory_is_refused(tmp_path):
 
 
 @pytest.mark.slow  # a child with a file-size limit
-@pytest.mark.parametrize("limit_mib,tensor_mib,threads", [(1, [4], 1), (16, [12, 12], 2)],
-                         ids=["one-thread", "checksum-follower"])
+@pytest.mark.parametrize("limit_mib,tensor_mib,threads", [(1, [4], 1), (16, [12, 12], 4)],
+                         ids=["one-thread", "checksum-helpers"])
 def test_write_error_mid_save_leaves_old_file_and_no_temp_files(old_file, limit_mib, tensor_mib, threads):
     """A write that fails half-way (here: a file-size limit, as on a full disk) cleans up.
 
-    With 24 MiB and two threads, the failure comes while the second thread checksums behind the
-    writer: it must stop too, not wait for bytes that will never be written.
+    With 24 MiB and four threads, helper threads checksum the tensors while the writer fails: the
+    error still comes back, and nothing is left behind.
     """
     before = _listing(old_file.parent)
     script = textwrap.dedent(f"""

@@ -466,9 +466,10 @@ def test_status_names_and_strerror_cover_every_code():
     assert ffi.string(lib.tl_strerror(999)).decode() == "unknown status"
 
 
-def test_write_items_checksum_follower_crosses_items_and_batches(tmp_path):
-    """40 MiB in tensors of 3 MiB and odd sizes, among small and swapped ones: the second thread's
-    checksums (woken every 16 MiB written, items straddling its batches) equal the stored bytes'."""
+@pytest.mark.parametrize("threads", [1, 2, 4])
+def test_write_items_checksums_of_many_large_items_equal_the_stored_bytes(tmp_path, threads):
+    """40 MiB in tensors of 3 MiB and odd sizes, among small and swapped ones: the checksums, by the
+    writer itself or (4 threads) by helper threads over groups of items, are those of the stored bytes."""
     rng = np.random.default_rng(7)
     sizes = [(3 << 20) + 13 * i if i % 4 else 100 + i for i in range(18)]
     bufs = [rng.integers(0, 256, n, dtype=np.uint8) for n in sizes]
@@ -483,7 +484,7 @@ def test_write_items_checksum_follower_crosses_items_and_batches(tmp_path):
     fd = _fd(tmp_path / "f", 0)
     try:
         crcs = _lowlevel.write_items(fd, bufs, offsets, swaps, 0, cursor, crc=True, fsync=False, sparse=False,
-                                     threads=2)
+                                     threads=threads)
     finally:
         os.close(fd)
     data = (tmp_path / "f").read_bytes()

@@ -99,7 +99,7 @@ def _expected_file(bufs, offsets, end):
 @pytest.mark.parametrize("threads", [1, 2, 4])
 def test_write_items_gathers_small_buffers_and_pins_large_ones(tmp_path, threads):
     rng = np.random.default_rng(0)
-    # 3 MiB items, 9 MiB of them: with threads >= 2, a second thread checksums them behind the writer
+    # 3 MiB items: with threads=4, helper threads checksum the large items (9 MiB of them in all)
     sizes = [0, 1, 7, 64, _lowlevel._GATHER_MAX, _lowlevel._GATHER_MAX + 1, 70_000, 3, 0, 5000, 3 << 20]
     bufs = []
     for i, k in enumerate(sizes * 3):

@@ -461,11 +461,11 @@ int main(int argc, char **argv) {
     for (int s = 0; s <= TL_ERR_FORMAT + 1; s++) CHECK(tl_strerror(s) != NULL);
     static const unsigned char check[] = "123456789";
     CHECK(tl_crc32c(0, check, 9) == 0xE3069283u && crc_ref(check, 9) == 0xE3069283u);
-    /* one thread; several (the checksum follower and parallel preads need 8 MiB and up) */
+    /* one thread; several (helper CRC threads and parallel preads need 8 MiB and up) */
     test_write_read(1, TL_WRITE_CRC, 300000);
     test_write_read(1, TL_WRITE_CRC | TL_WRITE_SPARSE | TL_WRITE_FSYNC, 300000);
     test_write_read(4, TL_WRITE_CRC | TL_WRITE_WRITEBACK, (uint64_t)12 << 20);
-    test_write_read(2, TL_WRITE_CRC, (uint64_t)40 << 20); /* two threads: the checksum follower, 2+ batches */
+    test_write_read(2, TL_WRITE_CRC, (uint64_t)40 << 20); /* two threads: one writer checksumming as it goes */
     test_write_read(3, 0, (uint64_t)9 << 20);
     test_write_refusals();
     test_map_and_sync();
