@@ -62,7 +62,7 @@ start=$SECONDS
     tests/test_roundtrip.py)
 echo "sanitized tests: $((SECONDS - start)) s"
 
-echo "== 1b. ThreadSanitizer over the C test driver (threaded reads, writes, checksum follower)"
+echo "== 1b. ThreadSanitizer over the C test driver (threaded reads, writes, CRC helper threads)"
 cat > "$WORK/race.c" <<'C'
 #include <pthread.h>
 static int shared;
