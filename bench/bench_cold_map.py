@@ -28,14 +28,14 @@ import time
 
 import numpy as np
 
-from bench_loaders import evict  # this script's folder is on sys.path when run as a script
+from pagecache import evict  # this script's folder is on sys.path when run as a script
 
 MADV_POPULATE_READ = 22  # linux/mman.h; Python's mmap module lacks it before 3.13
 CHUNK = 8 << 20
 
 
 def one_load(path: str, size: int, way: str, threads: int, madvise) -> float:
-    evict([path], drop_caches=False)
+    evict([path])
     t = time.perf_counter()
     fd = os.open(path, os.O_RDONLY)
     m = mmap.mmap(fd, size, prot=mmap.PROT_READ)

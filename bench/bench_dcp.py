@@ -57,6 +57,9 @@ import tempfile
 import time
 import warnings
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from pagecache import evict_dir  # noqa: E402
+
 TARGETS = {"save": 1.0, "load": 1.5, "stall": 0.2, "read": 1.1}
 N_TENSORS = 16
 
@@ -232,19 +235,6 @@ def _read_bytes() -> int:
         return 0
 
 
-def _evict(folder: str) -> None:
-    """Drops every file of ``folder`` from the page cache (``posix_fadvise(DONTNEED)``; written and synced)."""
-    for name in os.listdir(folder):
-        path = os.path.join(folder, name)
-        if os.path.isfile(path):
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
-
-
 def _load_main(a) -> None:
     """Phase 2: ``--load-world`` ranks load what ``--world`` ranks saved (a reshard), cold and warm."""
     import torch
@@ -300,7 +290,7 @@ def _load_main(a) -> None:
             mine = None
             for r in range(a.load_world):
                 if r == a.rank:
-                    _evict(folders[kind])
+                    evict_dir(folders[kind])
                     mine = one_load(kind, keys, True)
                 dist.barrier()
         else:

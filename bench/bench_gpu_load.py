@@ -52,6 +52,9 @@ import torch
 
 import tensorlist.torch as tt
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from pagecache import evict  # noqa: E402
+
 try:
     import safetensors.torch as st_pt
     from safetensors import safe_open
@@ -78,16 +81,6 @@ def state_dict(total_bytes: int, seed: int = 0) -> Dict[str, torch.Tensor]:
             size += t.numel() * t.element_size()
         layer += 1
     return sd
-
-
-def evict(paths: List[str]) -> None:
-    """Drops the files' pages from the page cache (clean pages only: the files were synced)."""
-    for p in paths:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
 
 
 def data_files(path: str) -> List[str]:

@@ -56,6 +56,9 @@ from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from pagecache import drop_caches  # noqa: E402
+
 try:  # run from a checkout without installing: python bench/bench_io.py
     import tensorlist
 except ImportError:  # pragma: no cover
@@ -639,9 +642,7 @@ def main(argv=None) -> int:
             print(msg, file=sys.stderr, flush=True)
 
     if args.drop_caches:
-        os.sync()
-        with open("/proc/sys/vm/drop_caches", "w") as f:  # 1: the clean page cache only
-            f.write("1")
+        drop_caches()
     root = tempfile.mkdtemp(prefix="tensorlist-bench-", dir=args.dir)
     meta = {"env": environment(root), "repeat": args.repeat, "warmup": args.warmup, "touch": args.touch,
             "workloads": {}}

@@ -13,9 +13,7 @@ what was really read from the file), with the load's wall time.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import gc
-import mmap
 import os
 import sys
 import tempfile
@@ -30,37 +28,20 @@ from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
 from tensorlist._jax_shards import open_dir, save_dir  # noqa: E402
 
-_LIBC = ctypes.CDLL(None, use_errno=True)
-_PAGE = mmap.PAGESIZE
-
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from pagecache import evict, resident_bytes  # noqa: E402
 
 def _data_files(path):
     return [os.path.join(path, n) for n in os.listdir(path) if n.endswith(".data")]
 
 
 def _drop_cache(path) -> None:
-    for f in _data_files(path):
-        fd = os.open(f, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+    evict(_data_files(path))
 
 
 def _resident(path) -> int:
-    """Bytes of the checkpoint's data files now in the page cache (mincore over a fresh mapping)."""
-    total = 0
-    for f in _data_files(path):
-        size = os.path.getsize(f)
-        with open(f, "rb") as fh, mmap.mmap(fh.fileno(), size, prot=mmap.PROT_READ) as m:
-            addr = np.frombuffer(m, np.uint8).ctypes.data
-            pages = (size + _PAGE - 1) // _PAGE
-            vec = (ctypes.c_ubyte * pages)()
-            if _LIBC.mincore(ctypes.c_void_p(addr), ctypes.c_size_t(size), vec) != 0:
-                raise OSError(ctypes.get_errno(), "mincore")
-            total += sum(v & 1 for v in vec) * _PAGE
-            del addr
-    return total
+    """Bytes of the checkpoint's data files now in the page cache."""
+    return sum(resident_bytes(f) for f in _data_files(path))
 
 
 def main() -> None:

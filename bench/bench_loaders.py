@@ -49,8 +49,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import ctypes
-import ctypes.util
 import gc
 import importlib
 import importlib.metadata
@@ -80,6 +78,9 @@ except ImportError:  # pragma: no cover
 import torch
 
 import tensorlist.torch as tlt
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from pagecache import evict, resident_fraction, warm  # noqa: E402
 
 PEERS = {"safetensors": "safetensors.torch", "runai-model-streamer": "runai_model_streamer",
          "fastsafetensors": "fastsafetensors"}
@@ -111,52 +112,6 @@ def make_tensors(total: int, n: int, seed: int = 0) -> Dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return {f"model.layers.{i}.weight": torch.randn((rows, 2048), generator=g).to(torch.bfloat16)
             for i in range(n)}
-
-
-def _libc():
-    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-
-
-def resident_fraction(path: str) -> float:
-    """The fraction of ``path``'s pages in the page cache (``mincore`` over a mapping of it)."""
-    size = os.path.getsize(path)
-    if size == 0:
-        return 1.0
-    libc = _libc()
-    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ) as m:
-        pages = (size + PAGE - 1) // PAGE
-        vec = (ctypes.c_ubyte * pages)()
-        buf = np.frombuffer(m, np.uint8)
-        addr = buf.ctypes.data
-        if libc.mincore(ctypes.c_void_p(addr), ctypes.c_size_t(size), vec) != 0:
-            raise OSError(ctypes.get_errno(), "mincore")
-        del buf
-        return sum(v & 1 for v in vec) / pages
-
-
-def evict(paths: List[str], drop_caches: bool) -> None:
-    """Takes the files' pages out of the page cache."""
-    if drop_caches:
-        os.sync()
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("1\n")
-        return
-    for p in paths:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.fsync(fd)  # dirty pages are not dropped
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
-def warm(paths: List[str]) -> None:
-    """Reads the files once, so that their pages are in the page cache."""
-    for p in paths:
-        with open(p, "rb") as f:
-            while f.read(64 << 20):
-                pass
 
 
 # --------------------------------------------------------------------------- touching
@@ -269,7 +224,7 @@ def run_rounds(cases: List[Contender], conditions: List[str], paths: List[str], 
         for c, cond in order:
             gc.collect()
             if cond == "cold":
-                evict(paths, args.drop_caches)
+                evict(paths, drop_all=args.drop_caches)
             else:
                 warm(paths)
             res = max(resident_fraction(p) for p in paths)

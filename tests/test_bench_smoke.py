@@ -148,6 +148,35 @@ def test_bench_loaders_runs_every_installed_contender_cold_and_warm(tmp_path):
     assert not [p for p in os.listdir(tmp_path) if p.startswith("tensorlist-loaders-")]
 
 
+# The bench scripts that need a framework at import, and which; every other one (and its smoke test, which
+# skips on nothing) must import with none installed: the notorch CI leg runs them.
+NEEDS_FRAMEWORK = {"bench_gpu_load": "torch", "bench_loaders": "torch", "bench_jax_shards": "jax"}
+FRAMEWORKS = ("torch", "jax", "jaxlib", "flax", "orbax", "mlx", "tensorflow", "lightning", "pytorch_lightning",
+              "transformers", "accelerate", "safetensors", "cryptography", "model_signing")
+
+
+def test_framework_free_bench_scripts_import_with_no_framework():
+    """Each bench script left out of NEEDS_FRAMEWORK imports (not runs) with every framework hidden."""
+    scripts = sorted(f[:-3] for f in os.listdir(os.path.join(ROOT, "bench")) if f.endswith(".py"))
+    assert set(NEEDS_FRAMEWORK) <= set(scripts)
+    free = [s for s in scripts if s not in NEEDS_FRAMEWORK]
+    code = (f"import importlib.util, sys\nfor n in {FRAMEWORKS!r}:\n    sys.modules[n] = None\n"
+            f"sys.path.insert(0, {os.path.join(ROOT, 'bench')!r})\nfailed = []\n"
+            f"for s in {free!r}:\n"
+            f"    spec = importlib.util.spec_from_file_location('_b_' + s, {os.path.join(ROOT, 'bench')!r} + '/' + s + '.py')\n"
+            f"    try:\n        spec.loader.exec_module(importlib.util.module_from_spec(spec))\n"
+            f"    except ImportError as e:\n        failed.append(s + ': ' + str(e))\n"
+            f"print('\\n'.join(failed))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "", "need a framework at import (list them in NEEDS_FRAMEWORK):\n" + proc.stdout
+    for script, framework in NEEDS_FRAMEWORK.items():  # and the listed ones really do
+        proc = subprocess.run([sys.executable, "-c", f"import sys; sys.modules[{framework!r}] = None\n"
+                               f"sys.path.insert(0, {os.path.join(ROOT, 'bench')!r}); import {script}"],
+                              capture_output=True, text=True, timeout=300, cwd=ROOT)
+        assert proc.returncode != 0 and f"import of {framework} halted" in proc.stderr, (script, proc.stderr)
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise and posix_fadvise are Linux's")
 def test_bench_cold_map_runs_every_way_and_cleans_up(tmp_path):
     proc = subprocess.run(
