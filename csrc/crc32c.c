@@ -41,7 +41,17 @@ static uint32_t detect(void) {
     unsigned eax, ebx, ecx = 0, edx;
     if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_SSE4_2)) {
         a |= BIT(TL_CRC_SSE42);
-        if (ecx & bit_PCLMUL) a |= BIT(TL_CRC_SSE42_3WAY);
+        if (ecx & bit_PCLMUL) {
+            a |= BIT(TL_CRC_SSE42_3WAY);
+            /* AVX2 and VPCLMULQDQ (leaf 7), and the OS saving the YMM state (XCR0 bits 1-2) */
+            unsigned l7a, l7b = 0, l7c = 0, l7d;
+            if ((ecx & bit_OSXSAVE) && (ecx & bit_AVX) && __get_cpuid_count(7, 0, &l7a, &l7b, &l7c, &l7d) &&
+                (l7b & (1u << 5)) && (l7c & (1u << 10))) {
+                unsigned xlo, xhi;
+                __asm__ volatile("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0));
+                if ((xlo & 6u) == 6u) a |= BIT(TL_CRC_VPCLMUL);
+            }
+        }
     }
 #endif
 #if TL_CRC32C_HAVE_ARM64
@@ -83,8 +93,9 @@ static uint32_t available(void) {
 }
 
 /* The dispatcher's choice for n bytes among the available paths: hardware
- * over tables, three streams where a round fits (crc32c_internal.h). */
+ * over tables, folding or three streams where a step fits (crc32c_internal.h). */
 static int choose(uint32_t avail, uint64_t n) {
+    if (n >= TL_CRCF_MIN && (avail & BIT(TL_CRC_VPCLMUL))) return TL_CRC_VPCLMUL;
     if (n >= TL_CRC3_MIN && (avail & BIT(TL_CRC_SSE42_3WAY))) return TL_CRC_SSE42_3WAY;
     if (avail & BIT(TL_CRC_SSE42)) return TL_CRC_SSE42;
     if (n >= TL_CRC3_MIN && (avail & BIT(TL_CRC_ARM64_3WAY))) return TL_CRC_ARM64_3WAY;
@@ -98,6 +109,7 @@ static tl_crc32c_fn function(int impl) {
 #if TL_CRC32C_HAVE_SSE42
     case TL_CRC_SSE42: return tl_crc32c_sse42;
     case TL_CRC_SSE42_3WAY: return tl_crc32c_sse42_3way;
+    case TL_CRC_VPCLMUL: return tl_crc32c_vpclmul;
 #endif
 #if TL_CRC32C_HAVE_ARM64
     case TL_CRC_ARM64: return tl_crc32c_arm64;

@@ -53,6 +53,25 @@
 /* The software join (arm64 without PMULL, ~100 cycles) pays on the 24 KiB rounds only: */
 #define TL_CRC3_SOFT_MIN ((uint64_t)3 * TL_CRC3_BLOCK)
 
+/* Folding (crc32c_sse42.c, tl_crc32c_vpclmul): eight 32-byte AVX2 registers
+ * hold the message's first 256 bytes, and each step folds every 16-byte lane
+ * 256 bytes on: a lane X = lo:hi at distance D bits before the lane it joins
+ * stands for X * x^D, which is clmul(lo, x^(D+63) mod P) ^ clmul(hi, x^(D-1)
+ * mod P) (the reflected carry-less multiply adds one power of x), a value of
+ * 96 bits congruent mod P. The initial register is XORed into the first four
+ * bytes; the eight registers fold into one 16-byte lane, whose CRC from 0 (two
+ * 64-bit crc32 instructions) is the register after everything folded; the
+ * remaining bytes (< 256) run one stream. Each constant pair is (x^(D+63),
+ * x^(D-1)) mod P, reflected, in the high half of a 64-bit word: the generator's
+ * shift_constant(D/8 + 12) and shift_constant(D/8 + 4). */
+#define TL_CRCF_K2048_LO 0xe9a5d8beu /* D = 2048: a lane to the same lane 256 bytes on */
+#define TL_CRCF_K2048_HI 0x1426a815u
+#define TL_CRCF_K256_LO 0x33ccbbbcu /* D = 256: one register into the next */
+#define TL_CRCF_K256_HI 0xa2158b34u
+#define TL_CRCF_K128_LO 0x3743f7bdu /* D = 128: a register's low lane into its high lane */
+#define TL_CRCF_K128_HI 0x3171d430u
+#define TL_CRCF_MIN 8192u /* shorter buffers run the three-stream path, as fast there */
+
 typedef uint32_t (*tl_crc32c_fn)(uint32_t crc, const unsigned char *p, uint64_t n);
 
 /* The dispatcher (crc32c.c): the fastest path this CPU runs for n bytes. */
@@ -61,9 +80,10 @@ TL_CRC32C_HIDDEN uint32_t tl_crc32c_update(uint32_t crc, const unsigned char *p,
 /* Slicing-by-16 tables, any CPU, either byte order (crc32c_portable.c). */
 TL_CRC32C_HIDDEN uint32_t tl_crc32c_portable(uint32_t crc, const unsigned char *p, uint64_t n);
 
-#if TL_CRC32C_HAVE_SSE42 /* crc32c_sse42.c: needs SSE4.2 (and PCLMULQDQ for _3way) */
+#if TL_CRC32C_HAVE_SSE42 /* crc32c_sse42.c: needs SSE4.2 (PCLMULQDQ for _3way; AVX2 and VPCLMULQDQ for _vpclmul) */
 TL_CRC32C_HIDDEN uint32_t tl_crc32c_sse42(uint32_t crc, const unsigned char *p, uint64_t n);
 TL_CRC32C_HIDDEN uint32_t tl_crc32c_sse42_3way(uint32_t crc, const unsigned char *p, uint64_t n);
+TL_CRC32C_HIDDEN uint32_t tl_crc32c_vpclmul(uint32_t crc, const unsigned char *p, uint64_t n);
 #endif
 
 #if TL_CRC32C_HAVE_ARM64 /* crc32c_arm64.c: needs the CRC32 extension (and PMULL for _3way) */

@@ -135,7 +135,8 @@ uint32_t tl_crc32c(uint32_t crc, const void *data, uint64_t length);
 #define TL_CRC_ARM64 4           /* ARMv8 CRC32 extension, one stream */
 #define TL_CRC_ARM64_3WAY 5      /* ARMv8 CRC32, three streams joined with PMULL */
 #define TL_CRC_ARM64_3WAY_SOFT 6 /* ARMv8 CRC32, three streams joined by a software multiply */
-#define TL_CRC_IMPLS 7           /* codes are 0 .. TL_CRC_IMPLS - 1 */
+#define TL_CRC_VPCLMUL 7         /* x86-64 AVX2 VPCLMULQDQ, 256 bytes folded a step */
+#define TL_CRC_IMPLS 8           /* codes are 0 .. TL_CRC_IMPLS - 1 */
 
 /* CRC32C continuing `crc` through implementation `impl`; TL_ERR_ARG when this
  * build or CPU lacks it (or data is NULL with length > 0). */

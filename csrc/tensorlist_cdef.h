@@ -66,7 +66,8 @@ uint32_t tl_crc32c(uint32_t crc, const void *data, uint64_t length);
 #define TL_CRC_ARM64 4
 #define TL_CRC_ARM64_3WAY 5
 #define TL_CRC_ARM64_3WAY_SOFT 6
-#define TL_CRC_IMPLS 7
+#define TL_CRC_VPCLMUL 7
+#define TL_CRC_IMPLS 8
 int tl_crc32c_impl(int impl, uint32_t crc, const void *data, uint64_t length, uint32_t *out);
 int tl_crc32c_impls(uint64_t length, uint32_t *available, int *chosen);
 int tl_crc32c_many(uint64_t n, const void *const *data, const uint64_t *lengths,

@@ -405,6 +405,7 @@ CRC32C_IMPLS = {
     "arm64": lib.TL_CRC_ARM64,
     "arm64_3way": lib.TL_CRC_ARM64_3WAY,
     "arm64_3way_soft": lib.TL_CRC_ARM64_3WAY_SOFT,
+    "vpclmul": lib.TL_CRC_VPCLMUL,
 }
 if sorted(CRC32C_IMPLS.values()) != list(range(lib.TL_CRC_IMPLS)):
     raise ImportError("tensorlist._core was built with different CRC32C implementations; rebuild the package")

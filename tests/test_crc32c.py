@@ -11,6 +11,7 @@ import platform
 import re
 import shutil
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -29,6 +30,7 @@ AVAILABLE, _ = _lowlevel.crc32c_impls()
 IMPLS = ["auto"] + AVAILABLE
 ROUND = 3 * 8192  # bytes per large round of the three-stream paths (TL_CRC3_SOFT_MIN)
 SMALL_ROUND = 3 * 256  # bytes per small round (TL_CRC3_MIN); every length to 4096 crosses several
+FOLD_MIN, FOLD_STEP = 8192, 256  # the folding path's shortest buffer (TL_CRCF_MIN) and its step
 
 
 def _table():
@@ -56,12 +58,14 @@ def _prefix_crcs(data: bytes, seed: int) -> list:
 
 def test_portable_is_always_available_and_the_dispatcher_picks_an_available_one():
     assert "portable" in AVAILABLE
-    for length in (0, 100, SMALL_ROUND - 1, SMALL_ROUND, ROUND - 1, ROUND, 1 << 20):
+    for length in (0, 100, SMALL_ROUND - 1, SMALL_ROUND, FOLD_MIN - 1, FOLD_MIN, ROUND - 1, ROUND, 1 << 20):
         names, chosen = _lowlevel.crc32c_impls(length)
         assert names == AVAILABLE and chosen in names
         # the rule of crc32c.c's choose(): hardware over tables, three streams where a round fits
         # (the software join only on the large rounds)
-        preference = ["sse42_3way", "sse42", "arm64_3way", "arm64_3way_soft", "arm64", "portable"]
+        preference = ["vpclmul", "sse42_3way", "sse42", "arm64_3way", "arm64_3way_soft", "arm64", "portable"]
+        if length < FOLD_MIN:
+            preference.remove("vpclmul")
         if length < ROUND:
             preference.remove("arm64_3way_soft")
         if length < SMALL_ROUND:
@@ -74,6 +78,10 @@ def test_machine_features_are_used_where_the_cpu_has_them():
     machine = platform.machine().lower()
     if machine in ("x86_64", "amd64"):
         assert {"sse42", "sse42_3way"} <= set(AVAILABLE)
+        if sys.platform.startswith("linux"):  # the kernel's view of the CPU and of the YMM state it saves
+            with open("/proc/cpuinfo", encoding="utf-8") as f:
+                flags = set(next(line for line in f if line.startswith("flags")).split(":", 1)[1].split())
+            assert ("vpclmul" in AVAILABLE) == ({"avx2", "vpclmulqdq"} <= flags), sorted(flags)
     elif machine in ("aarch64", "arm64"):
         assert {"arm64", "arm64_3way_soft"} <= set(AVAILABLE)
 
@@ -134,6 +142,18 @@ def test_three_stream_rounds_and_split_extend(impl):
         assert _lowlevel.crc32c_impl(impl, view[split:total], head) == whole, split
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+def test_folding_edges_every_tail(impl):
+    """Lengths from just under the folding path's start through three steps of 256: every tail 0..255."""
+    data = np.random.default_rng(9).integers(0, 256, FOLD_MIN + 4 * FOLD_STEP + 16, dtype=np.uint8).tobytes()
+    view = memoryview(data)
+    for off in (0, 1, 8, 13):
+        seed = (off * 0x9E3779B9) & 0xFFFFFFFF
+        want = _prefix_crcs(data[off:], seed)
+        for n in range(FOLD_MIN - 8, FOLD_MIN + 3 * FOLD_STEP + 9):
+            assert _lowlevel.crc32c_impl(impl, view[off : off + n], seed) == want[n], (impl, off, n)
+
+
 @pytest.mark.skipif(google_crc32c is None, reason="google-crc32c (the independent CRC32C) is not installed")
 @settings(max_examples=150, deadline=None)
 @given(impl=st.sampled_from(IMPLS), seed=st.integers(0, 2**32 - 1), offset=st.integers(0, 63),
@@ -171,6 +191,12 @@ def test_tables_and_merge_constants_are_what_the_generator_derives():
     assert 3 * small == SMALL_ROUND
     assert int(defines["TL_CRC3_SMALL_K1"], 16) == gen.shift_constant(small)
     assert int(defines["TL_CRC3_SMALL_K2"], 16) == gen.shift_constant(2 * small)
+    folds = dict(re.findall(r"^#define (TL_CRCF_\w+) (0x[0-9a-f]+|\d+)u?\b", internal, re.M))
+    assert int(folds.pop("TL_CRCF_MIN")) == FOLD_MIN
+    for bits in (2048, 256, 128):  # (x^(D+63), x^(D-1)) mod P for a fold of D bits
+        assert int(folds.pop(f"TL_CRCF_K{bits}_LO"), 16) == gen.shift_constant(bits // 8 + 12)
+        assert int(folds.pop(f"TL_CRCF_K{bits}_HI"), 16) == gen.shift_constant(bits // 8 + 4)
+    assert not folds, folds
 
 
 @pytest.mark.slow
