@@ -80,6 +80,7 @@ import torch
 import tensorlist.torch as tlt
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fresh import installed_env  # noqa: E402
 from pagecache import evict, resident_fraction, warm  # noqa: E402
 
 PEERS = {"safetensors": "safetensors.torch", "runai-model-streamer": "runai_model_streamer",
@@ -205,9 +206,9 @@ def peers_missing() -> List[str]:
 # --------------------------------------------------------------------------- running and reporting
 
 
-def run_child(key: str, tl_path: str, st_path: str, n: int) -> float:
+def run_child(key: str, tl_path: str, st_path: str, n: int, env: Dict[str, str]) -> float:
     proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", key, tl_path, st_path, str(n)],
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=600, env=env)
     if proc.returncode:
         raise RuntimeError(f"{key} failed:\n{proc.stderr[-4000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])["s"]
@@ -217,6 +218,7 @@ def run_rounds(cases: List[Contender], conditions: List[str], paths: List[str], 
     """Times every contender in every condition, ``args.repeat`` rounds in a new order each."""
     rng = random.Random(1234)
     residency: Dict[str, list] = {"cold": [], "warm": []}
+    env = installed_env()
     for rnd in range(args.warmup + args.repeat):
         timed = rnd >= args.warmup
         order = [(c, cond) for c in cases for cond in conditions]
@@ -235,7 +237,7 @@ def run_rounds(cases: List[Contender], conditions: List[str], paths: List[str], 
                 dt = time.perf_counter() - t0
                 gc.collect()
             else:
-                dt = run_child(c.key, args.tl_path, args.st_path, args.tensors)
+                dt = run_child(c.key, args.tl_path, args.st_path, args.tensors, env)
             if timed:
                 c.times[cond].append(dt)
             log(f"round {rnd}{'' if timed else ' (warm-up)'} {cond:4s} {c.key:16s} {dt:8.3f} s  "

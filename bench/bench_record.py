@@ -33,6 +33,7 @@ import time
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
 
+from fresh import installed_env  # noqa: E402  (this script's folder is on sys.path)
 from tensorlist.format import read_json_bytes  # noqa: E402
 from tensorlist.record import FORMAT, read_training_record, validate_training_record  # noqa: E402
 
@@ -95,8 +96,7 @@ def main() -> int:
     p.add_argument("--bad", type=int, default=400_000)
     p.add_argument("--groups", type=int, default=20_000)
     args = p.parse_args()
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    env = installed_env(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     with tempfile.TemporaryDirectory(prefix="tensorlist-bench-record-") as d:
         path = os.path.join(d, "record.json")
         text = json.dumps(record(args.epochs)).encode()

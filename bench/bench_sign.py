@@ -28,6 +28,9 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+from fresh import installed_env  # noqa: E402  (this script's folder is on sys.path)
+
 TARGET = 1.5
 
 BASELINE = """
@@ -63,8 +66,7 @@ print(time.perf_counter() - t)
 
 
 def _child(code: str, *args: str) -> float:
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, check=True)
+    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=installed_env(), check=True)
     return float(out.stdout.strip().splitlines()[-1])
 
 

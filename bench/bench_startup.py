@@ -50,6 +50,7 @@ sys.path.insert(0, ROOT)
 import numpy as np  # noqa: E402
 
 import tensorlist  # noqa: E402
+from fresh import installed_env  # noqa: E402  (this script's folder is on sys.path)
 
 # what the console script does (pip's generated wrapper of tensorlist.__main__:main)
 _CLI = "import sys; from tensorlist.__main__ import main; sys.argv[0] = 'tensorlist'; sys.exit(main())"
@@ -142,11 +143,7 @@ def main(argv=None) -> int:
         path = os.path.join(tmp, "small.tl")
         tensorlist.save(path, {"w": np.ones((16, 16), np.float32), "step": np.arange(3, dtype=np.int64)},
                         metadata={"note": "start-up benchmark"})
-        env = dict(os.environ)
-        env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        # as installed: bytecode cached (the warm-up writes it), here rather than in the checkout
-        env.pop("PYTHONDONTWRITEBYTECODE", None)
-        env["PYTHONPYCACHEPREFIX"] = os.path.join(tmp, "pycache")
+        env = installed_env()
         cmds = [(label, target, [a.replace("{file}", path) for a in argv], expect)
                 for label, target, argv, expect in COMMANDS]
         for _, _, argv_, expect in cmds:  # warm-up: the bytecode cache and the page cache

@@ -190,3 +190,25 @@ def test_bench_cold_map_runs_every_way_and_cleans_up(tmp_path):
     assert all(float(v[0]) > 0 and len(v) == 4 for v in rows.values()), proc.stdout
     assert rows["touch"][2:] == ["1.00", "1.00"]
     assert not [p for p in os.listdir(tmp_path) if p.startswith("tensorlist-cold-")]
+
+
+def test_fresh_children_run_the_package_compiled_as_installed(monkeypatch):
+    """bench/fresh.py: every module of the package has its bytecode, and the children may read and keep it."""
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "bench"))
+    import fresh
+
+    env = fresh.installed_env(OMP_NUM_THREADS="1")
+    assert "PYTHONDONTWRITEBYTECODE" not in env and env["OMP_NUM_THREADS"] == "1"
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == ROOT
+    for dirpath, _, files in os.walk(os.path.join(ROOT, "tensorlist")):
+        for f in files:
+            if f.endswith(".py"):
+                source = os.path.join(dirpath, f)
+                cached = importlib.util.cache_from_source(source)
+                assert os.path.getmtime(cached) >= os.path.getmtime(source), source
+    code = "import sys, tensorlist.reader; print(tensorlist.reader.__cached__, sys.dont_write_bytecode)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, cwd="/")
+    assert out.returncode == 0, out.stderr
+    cached, dont_write = out.stdout.split()
+    assert cached.startswith(os.path.join(ROOT, "tensorlist")) and os.path.exists(cached) and dont_write == "False"
