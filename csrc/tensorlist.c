@@ -27,7 +27,7 @@
 #define SPARSE_MIN ((uint64_t)64 << 10)    /* zero runs this long are left as holes (TL_WRITE_SPARSE) */
 #define IO_CHUNK ((uint64_t)1 << 30)       /* largest single read/write request */
 #define PARALLEL_MIN ((uint64_t)8 << 20)   /* below this, one thread does all the work */
-#define FUSED_PIECE ((uint64_t)512 << 10)  /* CRC then write this much at a time (stays in L2) */
+#define FUSED_PIECE ((uint64_t)256 << 10)  /* CRC then write this much at a time (stays in L2) */
 #define WRITEBACK_BYTES ((uint64_t)16 << 20) /* TL_WRITE_WRITEBACK: start writeback this often */
 
 const char *tl_strerror(int status) {
@@ -557,17 +557,17 @@ static void *crc_direct_worker(void *arg) {
     return NULL;
 }
 
-/* One thread writes, in file order, checksumming each piece just before
- * writing it (the kernel then copies it from cache). With 3+ threads, all but
- * two checksum the large items ahead instead, leaving a core for the kernel's
- * own work on the page cache. Measured on the 2-core VMs, 1 GiB in 256
- * tensors timed between other saves (bench_io.py): two writers into one file
- * (ext4's buffered writes to one inode take turns) median 0.77 s, one writer
- * plus one checksum thread 0.64 s, one writer alone 0.33 s (raw write() 0.26
- * to 0.30 s): a second busy thread slows the kernel's allocation of fresh
- * page-cache memory on these machines more than it saves. A follower thread
- * checksumming each piece just behind the writer did no better: its fastest
- * saves matched write(), but its medians were 2.5x the single writer's. */
+/* One thread writes, in file order. The CRC32Cs of the large items are
+ * computed by helper threads meanwhile: all threads but the writer, or, with
+ * TL_WRITE_WRITEBACK, all but two (the kernel submits and completes the
+ * writeback on the remaining core). Without helpers the writer checksums each
+ * piece just before writing it (the kernel then copies it from cache).
+ * Measured on the 2-core VMs (bench_io.py workload A, 1 GiB in 256 tensors;
+ * 512 MiB runs alike), fastest of 7: without writeback, writer + one helper
+ * 0.243 s, the writer checksumming inline 0.278-0.284 s, no CRC 0.243 s, raw
+ * write() 0.243-0.245 s; with writeback, one helper 0.55-0.60 s against
+ * 0.42-0.44 s inline. Two writers into one file do worse (ext4's buffered
+ * writes to one inode take turns). */
 int tl_write_items(int fd, tl_write_item *items, uint64_t n, uint64_t region_start,
                    uint64_t region_end, int nthreads, int flags, int *err_no) {
     if (!err_no || (n && !items) || region_end < region_start || region_end > (uint64_t)INT64_MAX)
@@ -588,9 +588,9 @@ int tl_write_items(int fd, tl_write_item *items, uint64_t n, uint64_t region_sta
         total += items[i].length;
         if (is_direct(&items[i])) direct += items[i].length;
     }
-    int helpers = 0;
-    if ((flags & TL_WRITE_CRC) && nthreads >= 3 && direct >= PARALLEL_MIN)
-        helpers = clamp_threads(nthreads - 2, direct);
+    int helpers = 0, reserved = (flags & TL_WRITE_WRITEBACK) ? 2 : 1;
+    if ((flags & TL_WRITE_CRC) && nthreads > reserved && direct >= PARALLEL_MIN)
+        helpers = clamp_threads(nthreads - reserved, direct);
     uint64_t bounds[TL_MAX_THREADS + 1];
     int groups = helpers ? partition(n, NULL, items, total, helpers, bounds) : 0;
     crc_direct_job cjobs[TL_MAX_THREADS];

@@ -102,8 +102,8 @@ int tl_fsync(int fd, int *err_no);
 
 /* Writes items (sorted by offset, non-overlapping) with zero padding so that
  * [region_start, region_end) is fully written. One thread writes, in file order;
- * with TL_WRITE_CRC and nthreads >= 3, nthreads - 2 others checksum the large
- * items meanwhile. */
+ * with TL_WRITE_CRC, nthreads - 1 others (nthreads - 2 with TL_WRITE_WRITEBACK)
+ * checksum the large items meanwhile. */
 int tl_write_items(int fd, tl_write_item *items, uint64_t n, uint64_t region_start,
                    uint64_t region_end, int nthreads, int flags, int *err_no);
 

@@ -75,7 +75,7 @@ def save(path, tensors, *, metadata: Any = None, alignment: int = DEFAULT_ALIGNM
             file ``<name>.data``, 8-byte padding, compact JSON in lamp's key
             order, no names, no metadata, no checksums.
         durable: fsync the data, the descriptor and the directory.
-        threads: threads the save may use (default: usable cores, at most 8): one writes; from 3, others checksum.
+        threads: threads the save may use (default: usable cores, at most 8): one writes, the others checksum (all but two on a durable save).
 
     Raises:
         TypeError: a value cannot be stored (object dtype, non-str name...).

@@ -466,10 +466,11 @@ def test_status_names_and_strerror_cover_every_code():
     assert ffi.string(lib.tl_strerror(999)).decode() == "unknown status"
 
 
-@pytest.mark.parametrize("threads", [1, 2, 4])
-def test_write_items_checksums_of_many_large_items_equal_the_stored_bytes(tmp_path, threads):
+@pytest.mark.parametrize("threads,writeback", [(1, False), (2, False), (2, True), (4, False), (4, True)])
+def test_write_items_checksums_of_many_large_items_equal_the_stored_bytes(tmp_path, threads, writeback):
     """40 MiB in tensors of 3 MiB and odd sizes, among small and swapped ones: the checksums, by the
-    writer itself or (4 threads) by helper threads over groups of items, are those of the stored bytes."""
+    writer itself (1 thread; 2 with writeback) or by helper threads over groups of items, are those of
+    the stored bytes."""
     rng = np.random.default_rng(7)
     sizes = [(3 << 20) + 13 * i if i % 4 else 100 + i for i in range(18)]
     bufs = [rng.integers(0, 256, n, dtype=np.uint8) for n in sizes]
@@ -484,7 +485,7 @@ def test_write_items_checksums_of_many_large_items_equal_the_stored_bytes(tmp_pa
     fd = _fd(tmp_path / "f", 0)
     try:
         crcs = _lowlevel.write_items(fd, bufs, offsets, swaps, 0, cursor, crc=True, fsync=False, sparse=False,
-                                     threads=threads)
+                                     threads=threads, writeback=writeback)
     finally:
         os.close(fd)
     data = (tmp_path / "f").read_bytes()

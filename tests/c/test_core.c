@@ -465,7 +465,8 @@ int main(int argc, char **argv) {
     test_write_read(1, TL_WRITE_CRC, 300000);
     test_write_read(1, TL_WRITE_CRC | TL_WRITE_SPARSE | TL_WRITE_FSYNC, 300000);
     test_write_read(4, TL_WRITE_CRC | TL_WRITE_WRITEBACK, (uint64_t)12 << 20);
-    test_write_read(2, TL_WRITE_CRC, (uint64_t)40 << 20); /* two threads: one writer checksumming as it goes */
+    test_write_read(2, TL_WRITE_CRC, (uint64_t)40 << 20); /* two threads: a writer and a CRC helper */
+    test_write_read(2, TL_WRITE_CRC | TL_WRITE_WRITEBACK, (uint64_t)40 << 20); /* the writer checksums inline */
     test_write_read(3, 0, (uint64_t)9 << 20);
     test_write_refusals();
     test_map_and_sync();
