@@ -12,7 +12,9 @@ tensors, default 256) saved once as ``m.tl`` (tensorlist) and
 * ``st``: ``safetensors.torch.load_file(p)`` (mmap backend, the default);
 * ``st_pread``: ``safetensors.torch.load_file(p, backend="pread")`` where the installed version has it;
 * ``runai``: runai-model-streamer's ``SafetensorsStreamer`` (CPU, ``stream_file`` + ``get_tensors``);
-* ``fastsafetensors``: ``fastsafe_open(..., nogds=True, device="cpu")`` + ``get_tensor`` of every key.
+* ``fastsafetensors``: ``fastsafe_open(..., nogds=True, device="cpu")`` + ``get_tensor`` of every key;
+* ``floor_direct``, ``floor_read``: no loader, the floor under them all: the file's bytes read into
+  fresh memory with ``O_DIRECT`` (around the page cache) or plain reads, 64 MiB a request.
 
 Every load ends by touching every 4 KiB page of every tensor it returned (one
 byte per page), so a lazy mapping pays for its page faults like a reader pays
@@ -33,10 +35,13 @@ memory comes from malloc reuses the pages the previous load freed, which
 hides the cost of faulting in fresh memory that every first load pays
 (``--in-process`` measures that way anyway, quicker).
 The report gives the median, minimum and spread (max / min) of each, and the
-ratio ``contender / tensorlist`` of medians and of minimums (> 1: tensorlist
-faster). Every peer returns torch tensors, so each is compared with
-tensorlist.torch's path of the same kind: ``tl_torch`` for safetensors' mmap
-backend, ``tl_torch_read`` for the peers that copy into private memory.
+ratio ``contender / tensorlist`` of medians, of minimums, and paired: the
+median of each round's ratio, which cancels a disk's drift between minutes
+(> 1: tensorlist faster). Every peer returns torch tensors, so each is compared
+with tensorlist.torch's path of the same kind: ``tl_torch`` for safetensors'
+mmap backend, ``tl_torch_read`` for the peers that copy into private memory
+and for the floors (a ratio under 1 there is what tensorlist's read costs
+above the bare read of the same bytes).
 
 Missing peers are skipped and named. They are not test dependencies:
 ``pip install safetensors runai-model-streamer fastsafetensors``.
@@ -138,6 +143,45 @@ def touch(values) -> int:
 # --------------------------------------------------------------------------- contenders
 
 
+def direct_reads(path: str) -> bool:
+    """Whether ``path``'s filesystem serves O_DIRECT reads (tmpfs before Linux 6.6 does not)."""
+    if not hasattr(os, "O_DIRECT"):
+        return False
+    buf = mmap.mmap(-1, PAGE)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    except OSError:
+        return False
+    try:
+        os.preadv(fd, [buf], 0)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def read_floor(path: str, n: int, direct: bool) -> List[np.ndarray]:
+    """The floor no loader goes under: the file's bytes read into fresh memory (an anonymous
+    mapping), in 64 MiB requests, with O_DIRECT (around the page cache; Linux) or plain reads;
+    returned as ``n`` byte views so that ``touch`` does what it does for the loaders."""
+    size = os.path.getsize(path)
+    buf = mmap.mmap(-1, -(-size // PAGE) * PAGE)
+    view = memoryview(buf)
+    fd = os.open(path, os.O_RDONLY | (getattr(os, "O_DIRECT", 0) if direct else 0))
+    try:
+        pos, step = 0, 64 << 20
+        while pos < size:
+            got = os.preadv(fd, [view[pos:pos + step]], pos)
+            if got <= 0:
+                raise EOFError(f"{path}: short read at {pos}")
+            pos += got
+    finally:
+        os.close(fd)
+    return np.array_split(np.frombuffer(buf, np.uint8, size), n)
+
+
+
 class Contender:
     def __init__(self, key: str, label: str, kind: str, run: Callable[[], int]):
         self.key, self.label, self.kind, self.run = key, label, kind, run
@@ -164,6 +208,10 @@ def contenders(tl_path: str, st_path: str, n: int, only: Optional[List[str]] = N
     add("tl_torch", "tensorlist.torch.load_state (mmap)", "map", lambda: tlt.load_state(tl_path).values())
     add("tl_torch_read", "tensorlist.torch.load_state(mmap=False)", "read",
         lambda: tlt.load_state(tl_path, mmap=False).values())
+    if direct_reads(st_path):
+        add("floor_direct", "floor: the file's bytes, O_DIRECT read", "floor",
+            lambda: read_floor(st_path, n, direct=True))
+    add("floor_read", "floor: the file's bytes, read()", "floor", lambda: read_floor(st_path, n, direct=False))
     wanted = lambda *keys: only is None or any(k in only for k in keys)  # noqa: E731
     st_pt = peer("safetensors") if wanted("st", "st_pread") else None
     if st_pt is not None:
@@ -250,11 +298,13 @@ def report(cases: List[Contender], conditions: List[str], nbytes: int, out) -> d
     by_key = {c.key: c for c in cases}
     for cond in conditions:
         out.write(f"\n-- {cond} page cache: median / min of n runs, spread = max/min; "
-                  "ratio = contender / tensorlist (>1: tensorlist faster), of medians and of minimums --\n")
+                  "ratio = contender / tensorlist (>1: tensorlist faster), of medians, of minimums, and "
+                  "paired (median of each round's ratio) --\n")
         out.write(f"{'contender':52s} {'median s':>9s} {'min s':>8s} {'spread':>7s} {'GiB/s':>6s} "
-                  f"{'ratio':>6s} {'(min)':>6s}  vs\n")
+                  f"{'ratio':>6s} {'(min)':>6s} {'paired':>6s}  vs\n")
         # like with like: every peer returns torch tensors, so it is compared with tensorlist.torch
-        refs = {kind: by_key[key] for kind, key in (("map", "tl_torch"), ("read", "tl_torch_read"))
+        refs = {kind: by_key[key] for kind, key in (("map", "tl_torch"), ("read", "tl_torch_read"),
+                                                    ("floor", "tl_torch_read"))
                 if key in by_key and by_key[key].times[cond]}
         rows = {}
         for c in cases:
@@ -263,14 +313,17 @@ def report(cases: List[Contender], conditions: List[str], nbytes: int, out) -> d
                 continue
             med, lo, hi = statistics.median(ts), min(ts), max(ts)
             ref = refs.get(c.kind)
-            ratio = rmin = None
+            ratio = rmin = paired = None
             if ref is not None and not c.key.startswith("tl"):
                 ratio = med / statistics.median(ref.times[cond])
                 rmin = lo / min(ref.times[cond])
+                # the same round's runs, a minute apart at most: the disk's drift cancels
+                paired = statistics.median(a / b for a, b in zip(ts, ref.times[cond]))
             rows[c.key] = {"median": med, "min": lo, "max": hi, "n": len(ts), "ratio": ratio,
-                           "ratio_min": rmin, "vs": ref.key if ref is not None else None}
+                           "ratio_min": rmin, "ratio_paired": paired, "vs": ref.key if ref is not None else None}
+            cell = lambda v: "" if v is None else f"{v:.2f}"  # noqa: E731
             out.write(f"{c.label:52s} {med:9.3f} {lo:8.3f} {hi / lo:7.2f} {nbytes / GiB / med:6.2f} "
-                      f"{'' if ratio is None else f'{ratio:.2f}':>6s} {'' if rmin is None else f'{rmin:.2f}':>6s}"
+                      f"{cell(ratio):>6s} {cell(rmin):>6s} {cell(paired):>6s}"
                       f"  {'' if ratio is None else by_key[ref.key].key}\n")
         summary[cond] = rows
     return summary

@@ -137,12 +137,13 @@ def test_bench_loaders_runs_every_installed_contender_cold_and_warm(tmp_path):
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(out_json.read_text())
-    keys = {"tl_map", "tl_read", "tl_torch", "tl_torch_read", "st"}
+    keys = {"tl_map", "tl_read", "tl_torch", "tl_torch_read", "st", "floor_read"}
     for cond in ("cold", "warm"):
         assert keys <= set(report["results"][cond]), proc.stdout
         for key, row in report["results"][cond].items():
             assert row["n"] == 1 and row["median"] > 0
             assert (row["ratio"] is None) == key.startswith("tl"), (cond, key)
+            assert (row["ratio_paired"] is None) == key.startswith("tl"), (cond, key)
     assert max(report["residency"]["cold"]) < 0.01 and min(report["residency"]["warm"]) == 1.0
     assert "-- cold page cache" in proc.stdout and "-- warm page cache" in proc.stdout
     assert not [p for p in os.listdir(tmp_path) if p.startswith("tensorlist-loaders-")]
