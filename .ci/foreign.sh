@@ -38,7 +38,8 @@ start=$SECONDS
 # side on 2 cores): the C bindings and struct mirrors, byte order, every reader and writer, round trips of
 # every dtype and layout, CRC32C (every path this CPU has), the conformance corpus, conversions between
 # every format (test_convert*: their torch tests skip, the rest need only numpy), the weights hash and the
-# training record's readers, hostile and malformed files, atomic saves and cleanup. SLOW_*: slow-marked
+# training record's readers, hostile and malformed files, atomic saves and cleanup, FP4's packed pairs and the
+# carriers of bfloat16/float8 bits, the DCP range reads. SLOW_*: slow-marked
 # modules, run whole: test_cli (a child interpreter per test, 30-40 s in two processes once the other leg
 # is done; its no-ml_dtypes test is real on s390x). Left out for time (each runs in the main leg):
 # test_cli_pipe (~4 minutes under qemu), test_record_schema and test_record_fastcheck (jsonschema-heavy: 5
@@ -47,7 +48,7 @@ start=$SECONDS
 TESTS=(test_lowlevel test_platforms test_readers test_roundtrip test_conformance test_crc32c test_save_fastpath
        test_cli_escape test_convert test_convert_hostile test_convert_seams test_record_hash test_record_functions
        test_hostile test_hostile_values test_malformed test_fastpath test_atomic test_security test_validate_tree
-       test_cleanup)
+       test_cleanup test_fp4 test_bits test_dcp_ranges)
 TESTS_S390X=("${TESTS[@]}")
 TESTS_AARCH64=("${TESTS[@]}")
 SLOW_S390X=(test_cli)

@@ -80,11 +80,14 @@ def test_bfloat16_bits_round_as_ml_dtypes_does():
     assert np.isnan(got.view(ml_dtypes.bfloat16)[nan].astype(np.float32)).all()  # NaN stays NaN, never inf
 
 
-torch = pytest.importorskip("torch", reason="the torch bridge's carriers need torch")
+@pytest.fixture
+def torch():
+    """torch, for the tests that take it (a module-level skip would skip the numpy tests above too)."""
+    return pytest.importorskip("torch", reason="the torch bridge's carriers need torch")
 
 
 @pytest.mark.parametrize("row", ML, ids=lambda r: r.name)
-def test_torch_tensors_cross_as_carriers_both_ways(tmp_path, row):
+def test_torch_tensors_cross_as_carriers_both_ways(tmp_path, row, torch):
     from tensorlist import torch as tt
 
     t = torch.from_numpy(values(row).view(np.uint8).copy()).view(getattr(torch, row.name))

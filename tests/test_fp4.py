@@ -164,11 +164,14 @@ def test_jax_refuses_fp4_by_name(tmp_path):
         tj.load(path)
 
 
-torch = pytest.importorskip("torch", reason="the torch rows need torch")
+@pytest.fixture
+def torch():
+    """torch, for the tests that take it (a module-level skip would skip the numpy tests above too)."""
+    return pytest.importorskip("torch", reason="the torch rows need torch")
 
 
 @pytest.mark.parametrize("mmap", [True, "copy", False])
-def test_torch_round_trips_fp4_bit_exactly(tmp_path, mmap):
+def test_torch_round_trips_fp4_bit_exactly(tmp_path, mmap, torch):
     from tensorlist import torch as tt
 
     g = torch.Generator().manual_seed(1)
@@ -183,7 +186,7 @@ def test_torch_round_trips_fp4_bit_exactly(tmp_path, mmap):
     assert json.loads((tmp_path / "m.tl").read_text())["tensors"][0]["dataType"] == 45
 
 
-def test_torch_reads_what_numpy_wrote_and_safetensors_agrees(tmp_path):
+def test_torch_reads_what_numpy_wrote_and_safetensors_agrees(tmp_path, torch):
     st = pytest.importorskip("safetensors.torch", reason="safetensors is not installed")
     from tensorlist import torch as tt
 

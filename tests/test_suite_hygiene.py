@@ -1,0 +1,42 @@
+"""The suite's own rules, checked on its source: no test is skipped by accident where a framework is missing."""
+import ast
+import os
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _late_module_skips(source: str):
+    """Module-level ``pytest.importorskip`` calls after a test function: they skip the tests above them too."""
+    seen_test, found = False, []
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test_"):
+            seen_test = True
+            continue
+        if not seen_test or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        for call in ast.walk(node):
+            if (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+                    and call.func.attr == "importorskip"):
+                found.append(node.lineno)
+    return found
+
+
+def test_the_check_finds_a_late_module_skip():
+    late = "import pytest\ndef test_a():\n    pass\ntorch = pytest.importorskip('torch')\n"
+    early = "import pytest\ntorch = pytest.importorskip('torch')\ndef test_a():\n    pass\n"
+    inside = "import pytest\ndef test_a():\n    pass\ndef helper():\n    return pytest.importorskip('torch')\n"
+    assert _late_module_skips(late) == [4] and _late_module_skips(early) == [] and _late_module_skips(inside) == []
+
+
+def test_no_module_skips_the_tests_above_it():
+    """A module-level importorskip after the first test skips the whole module where the framework is
+    missing (the notorch leg, the foreign CPUs): put those tests in a module of their own or take the
+    framework through a fixture."""
+    bad = {}
+    for name in sorted(os.listdir(HERE)):
+        if name.startswith("test_") and name.endswith(".py"):
+            with open(os.path.join(HERE, name), encoding="utf-8") as f:
+                lines = _late_module_skips(f.read())
+            if lines:
+                bad[name] = lines
+    assert not bad, bad
