@@ -110,8 +110,9 @@ int tl_write_items(int fd, tl_write_item *items, uint64_t n, uint64_t region_sta
 /* Reads [offset, offset + length) of fd into dst with nthreads parallel preads. */
 int tl_pread_full(int fd, void *dst, uint64_t length, uint64_t offset, int nthreads,
                   int *err_no);
-/* The same through an O_DIRECT descriptor of fd's file (Linux): offset, length
- * and dst multiples of TL_DIRECT_ALIGN; TL_ERR_FALLBACK where direct reads are
+/* The same through an O_DIRECT descriptor of fd's file (Linux), with 8
+ * requests of up to 64 MiB in flight (nthreads, if more): offset, length and
+ * dst multiples of TL_DIRECT_ALIGN; TL_ERR_FALLBACK where direct reads are
  * not available. */
 #define TL_DIRECT_ALIGN 4096
 int tl_pread_direct(int fd, void *dst, uint64_t length, uint64_t offset, int nthreads, int *err_no);
@@ -119,8 +120,8 @@ int tl_pread_direct(int fd, void *dst, uint64_t length, uint64_t offset, int nth
 int tl_resident(int fd, uint64_t offset, uint64_t length, uint64_t *resident, uint64_t *pages,
                 int *err_no);
 
-/* Page-aligned anonymous memory, freed with tl_free. */
-int tl_alloc(uint64_t length, void **out, int *err_no);
+/* Page-aligned anonymous memory, freed with tl_free; huge: advise 2 MiB pages. */
+int tl_alloc(uint64_t length, int huge, void **out, int *err_no);
 int tl_free(void *addr, uint64_t length);
 
 /* CRC32C (Castagnoli), hardware-accelerated where the CPU allows (csrc/crc32c*.c:

@@ -56,7 +56,7 @@ int tl_pread_full(int fd, void *dst, uint64_t length, uint64_t offset, int nthre
 int tl_pread_direct(int fd, void *dst, uint64_t length, uint64_t offset, int nthreads, int *err_no);
 int tl_resident(int fd, uint64_t offset, uint64_t length, uint64_t *resident, uint64_t *pages,
                 int *err_no);
-int tl_alloc(uint64_t length, void **out, int *err_no);
+int tl_alloc(uint64_t length, int huge, void **out, int *err_no);
 int tl_free(void *addr, uint64_t length);
 uint32_t tl_crc32c(uint32_t crc, const void *data, uint64_t length);
 #define TL_CRC_AUTO 0

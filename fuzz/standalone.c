@@ -45,7 +45,7 @@ static void api_roundtrip(void) {
     CHECK(tl_crc32c_many(N, bufs, lens, crcs, 3) == TL_OK);
     CHECK(crcs[0] == items[0].crc && crcs[1] == items[1].crc);
     void *dst = NULL;
-    CHECK(tl_alloc(8192, &dst, &err) == TL_OK);
+    CHECK(tl_alloc(8192, 0, &dst, &err) == TL_OK);
     CHECK(tl_pread_full(fd, dst, 8192, 0, 4, &err) == TL_OK);
     CHECK(memcmp(dst, a, sizeof a) == 0 && memcmp((char *)dst + 1024, b, sizeof b) == 0);
     CHECK(tl_pread_full(fd, dst, 100, 8150, 1, &err) == TL_ERR_SHORT);  /* past the end */

@@ -331,8 +331,9 @@ def read_new(fd: int, offset: int, length: int, path: Optional[str] = None) -> n
     The one choice between the two ways to read: from the page cache (parallel
     ``pread``), or, when at least ``DIRECT_MIN`` bytes are wanted and less than
     ``DIRECT_BELOW_RESIDENT`` of them are cached (``mincore``), with O_DIRECT
-    (Linux): the disk writes into the buffer, and nothing is copied through, or
-    evicted from, the page cache. Direct reads need 4 KiB-aligned ranges, so
+    (Linux) into 2 MiB pages, 8 requests of up to 64 MiB in flight: the disk writes
+    into the buffer, and nothing is copied through, or evicted from, the page
+    cache. Direct reads need 4 KiB-aligned ranges, so
     the buffer then starts at the page holding ``offset`` and the result is a
     view at ``offset``'s place in that page (the same address alignment as the
     offset has in the file; 64-byte aligned offsets only, as alloc() promises).
@@ -349,15 +350,18 @@ def read_new(fd: int, offset: int, length: int, path: Optional[str] = None) -> n
     head = offset % align
     start, end = offset - head, offset + length
     body = (end - start) // align * align  # the direct part; the tail under one block goes through the cache
-    buf = alloc(end - start)
+    buf = alloc(end - start, huge=True)
     err = ffi.new("int *")
     status = lib.tl_pread_direct(fd, ffi.from_buffer(buf[:body], require_writable=True), body, start,
                                  default_threads(), err)
-    if status == lib.TL_ERR_FALLBACK:
-        pread_into(fd, buf[head:], offset, path=path)
-    elif status:
+    if status == lib.TL_ERR_FALLBACK:  # the filesystem refuses O_DIRECT: ordinary pages, through the cache
+        del buf
+        out = alloc(length)
+        pread_into(fd, out, offset, path=path)
+        return out
+    if status:
         _raise(status, err[0], "read", path)
-    elif end > start + body:
+    if end > start + body:
         pread_into(fd, buf[body:], start + body, path=path)
     return buf[head:]
 
@@ -367,14 +371,15 @@ def read_new(fd: int, offset: int, length: int, path: Optional[str] = None) -> n
 ALLOC_ALIGNMENT = 64
 
 
-def alloc(length: int) -> np.ndarray:
+def alloc(length: int, huge: bool = False) -> np.ndarray:
     """A writable uint8 array of ``length`` bytes in fresh memory, at least 64-byte aligned.
 
     Small requests are a slice of a numpy buffer, ``ALLOC_ALIGNMENT`` aligned.
     Large requests use their own anonymous mapping (returned to the system
-    when the last view goes) with ordinary pages: numpy's allocator advises
-    huge pages for large arrays, and faulting those in from fresh memory was
-    about 1.7x slower on the VMs we measure on (see csrc/tensorlist.c, tl_alloc).
+    when the last view goes), with 2 MiB pages only if ``huge``: an O_DIRECT
+    read into them is faster, a read through the page cache about 2x slower
+    on the VMs we measure on (numpy's allocator advises them for every large
+    array; see csrc/tensorlist.c, tl_alloc).
     """
     if length < (2 << 20):
         raw = np.empty(length + ALLOC_ALIGNMENT - 1, dtype=np.uint8)
@@ -382,7 +387,7 @@ def alloc(length: int) -> np.ndarray:
         return raw[skip:skip + length]
     out = ffi.new("void **")
     err = ffi.new("int *")
-    status = lib.tl_alloc(length, out, err)
+    status = lib.tl_alloc(length, 1 if huge else 0, out, err)
     if status:
         _raise(status, err[0], "alloc")
     owner = owned(out[0], length, lib.tl_free)

@@ -46,9 +46,10 @@ def small_direct_min(monkeypatch):
 
 
 @pytest.mark.parametrize("offset, length", [(0, 3 * MiB), (4096, 2 * MiB + 4096), (64, 2 * MiB + 100),
-                                            (8192 + 640, 3 * MiB - 8192 - 640 - 1), (4096 * 3, 3 * MiB - 4096 * 3)])
+                                            (8192 + 640, 3 * MiB - 8192 - 640 - 1), (4096 * 3, 3 * MiB - 4096 * 3),
+                                            (4096 + 64, 40 * MiB - 4096 - 64)])  # more pieces than threads
 def test_read_new_same_bytes_cold_and_warm(tmp_path, small_direct_min, offset, length):
-    data = np.random.default_rng(offset).integers(0, 256, 3 * MiB, dtype=np.uint8)
+    data = np.random.default_rng(offset).integers(0, 256, max(3 * MiB, offset + length), dtype=np.uint8)
     path = tmp_path / "blob"
     path.write_bytes(data.tobytes())
     fd = os.open(path, os.O_RDONLY)

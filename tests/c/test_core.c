@@ -110,7 +110,7 @@ static void test_write_read(int nthreads, int flags, uint64_t big) {
     CHECK(tl_write_items(fd, items, N_ITEMS, 0, end, nthreads, flags, &err) == TL_OK && err == 0);
 
     void *back = NULL;
-    CHECK(tl_alloc(end, &back, &err) == TL_OK);
+    CHECK(tl_alloc(end, 0, &back, &err) == TL_OK);
     if (!back) return;
     CHECK(tl_pread_full(fd, back, end, 0, nthreads, &err) == TL_OK);
     unsigned char *b = back;
@@ -145,6 +145,19 @@ static void test_write_read(int nthreads, int flags, uint64_t big) {
         CHECK(memcmp(one, src[N_ITEMS - 1], lens[N_ITEMS - 1]) == 0);
         CHECK(tl_pread_full(fd, one, 100, end - 50, nthreads, &err) == TL_ERR_SHORT);
         free(one);
+    }
+    /* the same bytes read around the page cache into 2 MiB pages (several pieces a thread when big) */
+    void *direct = NULL;
+    CHECK(tl_alloc(end, 1, &direct, &err) == TL_OK);
+    if (direct) {
+        int rc = tl_pread_direct(fd, direct, end, 0, nthreads, &err);
+        CHECK(rc == TL_OK || rc == TL_ERR_FALLBACK); /* FALLBACK: the filesystem refuses O_DIRECT */
+        if (rc == TL_OK) {
+            CHECK(memcmp(direct, back, end) == 0);
+            CHECK(tl_pread_direct(fd, direct, end, 4096, nthreads, &err) == TL_ERR_SHORT); /* past the end */
+        }
+        CHECK(tl_pread_direct(fd, (unsigned char *)direct + 64, 4096, 0, nthreads, &err) == TL_ERR_ALIGN);
+        CHECK(tl_free(direct, end) == TL_OK);
     }
     CHECK(tl_free(back, end) == TL_OK);
     for (int i = 0; i < N_ITEMS; i++) free(src[i]);
