@@ -13,8 +13,9 @@ tensors, default 256) saved once as ``m.tl`` (tensorlist) and
 * ``st_pread``: ``safetensors.torch.load_file(p, backend="pread")`` where the installed version has it;
 * ``runai``: runai-model-streamer's ``SafetensorsStreamer`` (CPU, ``stream_file`` + ``get_tensors``);
 * ``fastsafetensors``: ``fastsafe_open(..., nogds=True, device="cpu")`` + ``get_tensor`` of every key;
-* ``floor_direct``, ``floor_read``: no loader, the floor under them all: the file's bytes read into
-  fresh memory with ``O_DIRECT`` (around the page cache) or plain reads, 64 MiB a request.
+* ``plain_direct``, ``plain_read``: no loader, the bare reads a loader without tricks would make: the
+  file's bytes into fresh memory in one stream of 64 MiB requests, ``O_DIRECT`` (around the page
+  cache) or plain reads.
 
 Every load ends by touching every 4 KiB page of every tensor it returned (one
 byte per page), so a lazy mapping pays for its page faults like a reader pays
@@ -40,8 +41,7 @@ median of each round's ratio, which cancels a disk's drift between minutes
 (> 1: tensorlist faster). Every peer returns torch tensors, so each is compared
 with tensorlist.torch's path of the same kind: ``tl_torch`` for safetensors'
 mmap backend, ``tl_torch_read`` for the peers that copy into private memory
-and for the floors (a ratio under 1 there is what tensorlist's read costs
-above the bare read of the same bytes).
+and for the plain reads.
 
 Missing peers are skipped and named. They are not test dependencies:
 ``pip install safetensors runai-model-streamer fastsafetensors``.
@@ -161,10 +161,10 @@ def direct_reads(path: str) -> bool:
         os.close(fd)
 
 
-def read_floor(path: str, n: int, direct: bool) -> List[np.ndarray]:
-    """The floor no loader goes under: the file's bytes read into fresh memory (an anonymous
-    mapping), in 64 MiB requests, with O_DIRECT (around the page cache; Linux) or plain reads;
-    returned as ``n`` byte views so that ``touch`` does what it does for the loaders."""
+def read_plain(path: str, n: int, direct: bool) -> List[np.ndarray]:
+    """The file's bytes read into fresh memory (an anonymous mapping) in one stream of 64 MiB
+    requests, with O_DIRECT (around the page cache; Linux) or plain reads; returned as ``n`` byte
+    views so that ``touch`` does what it does for the loaders."""
     size = os.path.getsize(path)
     buf = mmap.mmap(-1, -(-size // PAGE) * PAGE)
     view = memoryview(buf)
@@ -209,9 +209,9 @@ def contenders(tl_path: str, st_path: str, n: int, only: Optional[List[str]] = N
     add("tl_torch_read", "tensorlist.torch.load_state(mmap=False)", "read",
         lambda: tlt.load_state(tl_path, mmap=False).values())
     if direct_reads(st_path):
-        add("floor_direct", "floor: the file's bytes, O_DIRECT read", "floor",
-            lambda: read_floor(st_path, n, direct=True))
-    add("floor_read", "floor: the file's bytes, read()", "floor", lambda: read_floor(st_path, n, direct=False))
+        add("plain_direct", "plain O_DIRECT read of the file, one stream", "plain",
+            lambda: read_plain(st_path, n, direct=True))
+    add("plain_read", "plain read() of the file, one stream", "plain", lambda: read_plain(st_path, n, direct=False))
     wanted = lambda *keys: only is None or any(k in only for k in keys)  # noqa: E731
     st_pt = peer("safetensors") if wanted("st", "st_pread") else None
     if st_pt is not None:
@@ -304,7 +304,7 @@ def report(cases: List[Contender], conditions: List[str], nbytes: int, out) -> d
                   f"{'ratio':>6s} {'(min)':>6s} {'paired':>6s}  vs\n")
         # like with like: every peer returns torch tensors, so it is compared with tensorlist.torch
         refs = {kind: by_key[key] for kind, key in (("map", "tl_torch"), ("read", "tl_torch_read"),
-                                                    ("floor", "tl_torch_read"))
+                                                    ("plain", "tl_torch_read"))
                 if key in by_key and by_key[key].times[cond]}
         rows = {}
         for c in cases:

@@ -137,7 +137,7 @@ def test_bench_loaders_runs_every_installed_contender_cold_and_warm(tmp_path):
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(out_json.read_text())
-    keys = {"tl_map", "tl_read", "tl_torch", "tl_torch_read", "st", "floor_read"}
+    keys = {"tl_map", "tl_read", "tl_torch", "tl_torch_read", "st", "plain_read"}
     for cond in ("cold", "warm"):
         assert keys <= set(report["results"][cond]), proc.stdout
         for key, row in report["results"][cond].items():
