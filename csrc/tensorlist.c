@@ -718,11 +718,6 @@ int tl_resident(int fd, uint64_t offset, uint64_t length, uint64_t *resident, ui
     return rc;
 }
 
-/* tl_pread_full through a second, O_DIRECT descriptor of the same file: the
- * disk's DMA lands in dst and the page cache is neither filled nor copied
- * from. offset, length and dst must be multiples of TL_DIRECT_ALIGN.
- * TL_ERR_FALLBACK: no O_DIRECT here (not Linux, a filesystem without it):
- * read the ordinary way. */
 /* Direct reads keep DIRECT_DEPTH requests in flight, whatever the core count
  * (the threads wait on the disk, not the CPU), taking pieces in file order
  * from a shared cursor: about two pieces a thread, 1 to 64 MiB each. Measured
@@ -758,6 +753,11 @@ static void *direct_worker(void *arg) {
     }
 }
 
+/* Reads through a second, O_DIRECT descriptor of the same file: the disk's
+ * DMA lands in dst and the page cache is neither filled nor copied from.
+ * offset, length and dst must be multiples of TL_DIRECT_ALIGN.
+ * TL_ERR_FALLBACK: no O_DIRECT here (not Linux, a filesystem without it):
+ * read the ordinary way. */
 int tl_pread_direct(int fd, void *dst, uint64_t length, uint64_t offset, int nthreads, int *err_no) {
     if (!err_no || (length && !dst)) return TL_ERR_ARG;
     *err_no = 0;
