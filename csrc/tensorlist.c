@@ -728,6 +728,7 @@ int tl_resident(int fd, uint64_t offset, uint64_t length, uint64_t *resident, ui
 #define DIRECT_PIECE_MIN ((uint64_t)1 << 20)
 #define DIRECT_PIECE_MAX ((uint64_t)64 << 20)
 
+#if defined(__linux__) && defined(O_DIRECT)
 typedef struct {
     int fd;
     unsigned char *dst;
@@ -752,6 +753,7 @@ static void *direct_worker(void *arg) {
         }
     }
 }
+#endif
 
 /* Reads through a second, O_DIRECT descriptor of the same file: the disk's
  * DMA lands in dst and the page cache is neither filled nor copied from.
