@@ -64,7 +64,8 @@ def test_read_new_same_bytes_cold_and_warm(tmp_path, small_direct_min, offset, l
             assert _lowlevel.resident_fraction(fd, offset, length) < 0.5
         with open(path, "rb") as f:
             f.read()
-        assert _lowlevel.resident_fraction(fd, 0, len(data)) == 1.0
+        # warm enough for the cache path (a busy machine may evict a few pages in between)
+        assert _lowlevel.resident_fraction(fd, 0, len(data)) >= _lowlevel.DIRECT_BELOW_RESIDENT
         warm = _lowlevel.read_new(fd, offset, length)
         np.testing.assert_array_equal(warm, data[offset:offset + length])
     finally:
