@@ -18,19 +18,18 @@ if importlib.util.find_spec("tensorflow") is not None and importlib.util.find_sp
 
 collect_ignore = []
 if importlib.util.find_spec("torch") is None:
-    collect_ignore += ["tensorlist/torch.py", "tensorlist/_torch_bridge.py", "tensorlist/_staging.py",
-                       "tensorlist/nn.py", "tensorlist/dcp/_storage.py", "tensorlist/loops",
-                       "tensorlist/huggingface.py", "tensorlist/_hf_states.py", "tensorlist/_hf_trainer.py"]
+    collect_ignore += ["tensorlist/torch.py", "tensorlist/_bridges/torch.py", "tensorlist/dcp/torch_storage.py",
+                       "tensorlist/loops", "tensorlist/huggingface"]
 if importlib.util.find_spec("mlx") is None:
-    collect_ignore += ["tensorlist/mlx.py", "tensorlist/_mlx_bridge.py"]
+    collect_ignore += ["tensorlist/mlx.py", "tensorlist/_bridges/mlx.py"]
 if importlib.util.find_spec("tensorflow") is None:
-    collect_ignore += ["tensorlist/tensorflow.py", "tensorlist/_tf_bridge.py"]
+    collect_ignore += ["tensorlist/tensorflow.py", "tensorlist/_bridges/tf.py"]
 if importlib.util.find_spec("jax") is None:
-    collect_ignore += ["tensorlist/jax.py", "tensorlist/_jax_bridge.py", "tensorlist/_jax_shards.py"]
+    collect_ignore += ["tensorlist/jax.py", "tensorlist/_bridges/jax.py", "tensorlist/dcp/jax_shards.py"]
 # The Orbax adapter imports orbax-checkpoint (and jax): its doctests need both.
 if importlib.util.find_spec("orbax") is None or importlib.util.find_spec("jax") is None:
     collect_ignore += ["tensorlist/orbax.py"]
 if importlib.util.find_spec("lightning") is None:  # tensorlist.lightning needs lightning (and torch)
-    collect_ignore += ["tensorlist/lightning.py"]
-if importlib.util.find_spec("cryptography") is None:  # tensorlist.signing's example makes a key (tensorlist[sign])
-    collect_ignore += ["tensorlist/signing"]
+    collect_ignore += ["tensorlist/lightning"]
+if importlib.util.find_spec("cryptography") is None:  # tensorlist.provenance.signing's example makes a key (tensorlist[sign])
+    collect_ignore += ["tensorlist/provenance/signing"]

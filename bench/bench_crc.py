@@ -1,6 +1,6 @@
 """CRC32C throughput of every implementation this build and CPU run, with PyPI's for reference.
 
-Each path of csrc/crc32c*.c is called through ``_lowlevel.crc32c_impl`` (the dispatcher's choice as
+Each path of csrc/crc32c*.c is called through ``lowlevel.crc32c_impl`` (the dispatcher's choice as
 "auto"), next to ``google_crc32c.extend`` and ``crc32c.crc32c`` when those packages are installed.
 Every contender is one Python call per buffer, so the 4 KiB column includes the call's overhead
 (printed apart, as "call us": the time of one call on an empty buffer) for all of them alike; the
@@ -24,15 +24,15 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from tensorlist import _lowlevel  # noqa: E402
+from tensorlist._base import lowlevel
 
 
 def _contenders():
     """name -> function(buffer) -> int, the paths first, then the PyPI references that are installed."""
     out = {}
-    names, _ = _lowlevel.crc32c_impls()
+    names, _ = lowlevel.crc32c_impls()
     for name in names + ["auto"]:
-        out[name] = lambda buf, impl=name: _lowlevel.crc32c_impl(impl, buf)
+        out[name] = lambda buf, impl=name: lowlevel.crc32c_impl(impl, buf)
     try:
         import google_crc32c
         out[f"google-crc32c ({google_crc32c.implementation})"] = lambda buf: google_crc32c.extend(0, buf)
@@ -97,7 +97,7 @@ def main(argv=None) -> int:
     contenders = _contenders()
     rng = np.random.default_rng(0)
     buffers = {n: rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in sizes}
-    expected = {n: _lowlevel.crc32c_impl("portable", b) for n, b in buffers.items()}
+    expected = {n: lowlevel.crc32c_impl("portable", b) for n, b in buffers.items()}
     results, overhead = {}, {}
     for name, fn in contenders.items():
         for n, buf in buffers.items():
@@ -107,8 +107,8 @@ def main(argv=None) -> int:
         results[name] = {n: _rate(fn, buf, args.budget, args.repeat) for n, buf in buffers.items()}
         overhead[name] = _call_us(fn, args.repeat)
 
-    _, chosen_big = _lowlevel.crc32c_impls(max(sizes))
-    _, chosen_small = _lowlevel.crc32c_impls(min(sizes))
+    _, chosen_big = lowlevel.crc32c_impls(max(sizes))
+    _, chosen_small = lowlevel.crc32c_impls(min(sizes))
     google = next((k for k in results if k.startswith("google-crc32c")), None)
     big = max(sizes)
     print(f"CRC32C, GB/s (median of {args.repeat}), {platform.machine()} {platform.system()}; "

@@ -32,7 +32,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import tensorlist  # noqa: E402
-from tensorlist.record import weights_sha256  # noqa: E402
+from tensorlist.provenance.record import weights_sha256  # noqa: E402
 
 TARGET = 0.9
 

@@ -1,7 +1,7 @@
 """Sharded JAX loads: bytes a reshard needs, bytes it copies or views, and file pages it reads.
 
 Saves one float32 array (``--mib`` MiB, square-ish, rows split over 4 forced CPU devices: 4 chunks)
-with ``tensorlist._jax_shards.save_dir``, then loads it onto other shardings. For each target it prints
+with ``tensorlist.dcp.jax_shards.save_dir``, then loads it onto other shardings. For each target it prints
 the bytes the target's blocks need, the bytes ``ShardedCheckpoint`` handed on as views of the mapped
 chunks and those it copied into assembled blocks, and the file's pages in the page cache after the load
 and after every value was read once (``mincore`` after ``posix_fadvise(DONTNEED)`` emptied the cache:
@@ -26,7 +26,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
-from tensorlist._jax_shards import open_dir, save_dir  # noqa: E402
+from tensorlist.dcp.jax_shards import open_dir, save_dir  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from pagecache import evict, resident_bytes  # noqa: E402

@@ -35,7 +35,7 @@ sys.path.insert(0, ROOT)
 
 from fresh import installed_env  # noqa: E402  (this script's folder is on sys.path)
 from tensorlist.format import read_json_bytes  # noqa: E402
-from tensorlist.record import FORMAT, read_training_record, validate_training_record  # noqa: E402
+from tensorlist.provenance.record import FORMAT, read_training_record, validate_training_record  # noqa: E402
 
 HASH = "0123456789abcdef" * 4
 
@@ -74,7 +74,7 @@ LIMITED = textwrap.dedent("""
     import resource, sys, time
     resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
     from tensorlist.errors import FormatError
-    from tensorlist.record import read_training_record
+    from tensorlist.provenance.record import read_training_record
     t = time.perf_counter()
     try:
         read_training_record(sys.argv[1])

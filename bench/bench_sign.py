@@ -7,7 +7,7 @@ each time is taken inside the child, from before its imports to the end, so
 interpreter start-up (the same for all) is left out:
 
 * baseline: ``hashlib.sha256`` of every file, one after the other, in one process;
-* ``tensorlist.signing.sign`` (what ``tensorlist sign`` runs), imports included
+* ``tensorlist.provenance.signing.sign`` (what ``tensorlist sign`` runs), imports included
   (target: at most 1.5x the baseline);
 * the stock ``model_signing.signing.Config().use_elliptic_key_signer(...).sign``, imports included.
 
@@ -51,7 +51,7 @@ print(time.perf_counter() - t)
 TENSORLIST = """
 import time; t = time.perf_counter()
 import sys
-from tensorlist.signing import sign
+from tensorlist.provenance.signing import sign
 sign(sys.argv[1], private_key=sys.argv[2], signature=sys.argv[3])
 print(time.perf_counter() - t)
 """

@@ -20,7 +20,7 @@ import atheris
 with atheris.instrument_imports(include=["tensorlist"]):
     import tensorlist as tl
     from tensorlist import format as F
-    from tensorlist._jsonio import loads_strict
+    from tensorlist._base.jsonio import loads_strict
     from tensorlist.reader import _select_list
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -18,16 +18,16 @@ its URL handlers when ``_backends.dispatch`` first meets a URL.
 """
 from typing import TYPE_CHECKING
 
-from . import _backends
-from .errors import ChecksumError, FormatError, TensorListError
+from tensorlist._base import backends as _backends
+from tensorlist.errors import ChecksumError, FormatError, TensorListError
 
 if TYPE_CHECKING:  # what static checkers see; at run time __getattr__ below imports these on first access
-    from .dlpack import to_dlpack
-    from .format import (DEFAULT_ALIGNMENT, FORMAT_VERSION, LIST_ALIGNMENT, MAX_DESCRIPTOR_BYTES, MAX_TENSORS,
+    from tensorlist.dlpack import to_dlpack
+    from tensorlist.format import (DEFAULT_ALIGNMENT, FORMAT_VERSION, LIST_ALIGNMENT, MAX_DESCRIPTOR_BYTES, MAX_TENSORS,
                          MIN_TENSOR_ALIGNMENT, ListDescriptor, TensorInfo, find_tensor_lists)
-    from .reader import Reader, load, load_document, open
-    from .schema import load_schema, validate
-    from .writer import Tensors, Writer, save, save_document, write_data
+    from tensorlist.reader import Reader, load, load_document, open
+    from tensorlist.schema import load_schema, validate
+    from tensorlist.writer import Tensors, Writer, save, save_document, write_data
 
 #: public name -> the module that defines it (imported on first access)
 _HOMES = {
@@ -61,9 +61,9 @@ def __dir__():
 
 
 def _load_to_device(path, device, **options):
-    """``load(path, device=...)``: the staging path of ``tensorlist._staging``, which needs torch."""
+    """``load(path, device=...)``: the staging path of ``tensorlist.torch``, which needs torch."""
     try:
-        from ._staging import load as staged_load
+        from tensorlist.torch import load as staged_load
     except ImportError as e:
         raise ImportError(f"{path}: loading onto a device needs torch (pip install 'tensorlist[torch]'): "
                           f"{e}") from e
@@ -72,7 +72,7 @@ def _load_to_device(path, device, **options):
 
 def _signed_save(path, signing_key):
     """A trainer's save, signed (``signing.signed_save``): above the record layer whose savers call it."""
-    from .signing import signed_save
+    from tensorlist.provenance.signing import signed_save
     return signed_save(path, signing_key)
 
 

@@ -1,7 +1,7 @@
 """``python -m tensorlist``: the command line (see tensorlist.cli)."""
 import sys
 
-from .cli import main
+from tensorlist.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -27,7 +27,7 @@ refuses) are exported as numpy exports the unsigned integers of their width,
 with the capsule's type code then set to DLPack's (``kDLBfloat``,
 ``kDLFloat8_*``, DLPack 1.1): the same bytes, no copy.
 
-Imports numpy and ``_lowlevel`` (its ``alloc``) only; ``ctypes`` when an
+Imports numpy and ``lowlevel`` (its ``alloc``) only; ``ctypes`` when an
 ml_dtypes array is exported.
 """
 from __future__ import annotations
@@ -37,8 +37,8 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-from . import _lowlevel
-from ._dtypes import BITS_KEY
+from tensorlist._base import lowlevel
+from tensorlist._base.dtypes import BITS_KEY
 
 __all__ = ["DLPackExport", "to_dlpack", "LEGACY_READ_ONLY_MESSAGE"]
 
@@ -170,7 +170,7 @@ def _private_copy(a: np.ndarray) -> np.ndarray:
     little-endian values on a big-endian host are converted.
     """
     dt = a.dtype if a.dtype.isnative else a.dtype.newbyteorder("=")
-    out = _lowlevel.alloc(a.nbytes).view(dt).reshape(a.shape) if a.size else np.empty(a.shape, dt)
+    out = lowlevel.alloc(a.nbytes).view(dt).reshape(a.shape) if a.size else np.empty(a.shape, dt)
     out[...] = a
     return out
 

@@ -76,7 +76,7 @@ class ChecksumError(FormatError):
 
 
 class SignatureError(TensorListError, ValueError):
-    """A signature or attestation that does not verify or cannot be read (``tensorlist.signing``), naming the file."""
+    """A signature or attestation that does not verify or cannot be read (``tensorlist.provenance.signing``), naming the file."""
 
 
 class UnsupportedDTypeError(TensorListError, TypeError):

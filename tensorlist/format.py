@@ -16,10 +16,11 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import _dtypes, _lowlevel
-from ._files import confine, inside, open_regular, read_capped, read_regular, sha256_file
-from ._jsonio import escape_pointer, loads_strict, resolve_pointer, walk
-from .errors import FormatError, short_repr
+from tensorlist._base import dtypes as _dtypes
+from tensorlist._base import lowlevel
+from tensorlist._base.files import confine, inside, open_regular, read_capped, read_regular, sha256_file
+from tensorlist._base.jsonio import escape_pointer, loads_strict, resolve_pointer, walk
+from tensorlist.errors import FormatError, short_repr
 
 __all__ = [
     "FORMAT_VERSION",
@@ -59,9 +60,9 @@ __all__ = [
 #: without the key are plain lamp files (version 0 rules).
 FORMAT_VERSION = 1
 #: A list's ``byteOffset`` is a multiple of this (lamp asserts it; a page on most systems).
-LIST_ALIGNMENT = _lowlevel.LIST_ALIGNMENT
+LIST_ALIGNMENT = lowlevel.LIST_ALIGNMENT
 #: Every tensor starts at a multiple of 8 bytes from its list's start (lamp's padding).
-MIN_TENSOR_ALIGNMENT = _lowlevel.MIN_TENSOR_ALIGNMENT
+MIN_TENSOR_ALIGNMENT = lowlevel.MIN_TENSOR_ALIGNMENT
 #: tensorlist's own default: 64 bytes, a cache line and enough for AVX-512 loads.
 DEFAULT_ALIGNMENT = 64
 #: Largest tensor alignment a writer accepts (1 MiB; padding beyond that is waste).
@@ -313,8 +314,8 @@ def _fast_document(buf: bytes, file) -> Any:
         buf.decode("utf-8")
     except UnicodeDecodeError:
         return None
-    status, spans, _ = _lowlevel.json_scan(buf)
-    if status != _lowlevel.JSON_OK or not spans:
+    status, spans, _ = lowlevel.json_scan(buf)
+    if status != lowlevel.JSON_OK or not spans:
         return None
     spans.sort()
     keep: List[Tuple[int, int]] = []
@@ -442,7 +443,7 @@ def parse_list(
 
     n = len(table)
     if n:
-        spans = np.empty(n, dtype=_lowlevel.SPAN_DTYPE)
+        spans = np.empty(n, dtype=lowlevel.SPAN_DTYPE)
         spans["offset"] = table.offsets
         spans["length"] = table.lengths
         spans["itemsize"] = [d.itemsize for d in table.dtypes] if n < 64 else \
@@ -453,9 +454,9 @@ def parse_list(
             why = dims_problem(table.shapes[i], table.dtypes[i].itemsize)
             if why is not None:
                 fail(why, "dims", i, table[i].name)
-        status, bad, other = _lowlevel.check_layout(spans, list_length, MIN_TENSOR_ALIGNMENT)
+        status, bad, other = lowlevel.check_layout(spans, list_length, MIN_TENSOR_ALIGNMENT)
         if status:
-            kind = _lowlevel.STATUS_NAMES[status]
+            kind = lowlevel.STATUS_NAMES[status]
             t = table[bad]
             if kind == "overlap":
                 o = table[other]
@@ -631,7 +632,7 @@ class TensorSpan:
 
 def _fast_table(span: TensorSpan, limits: Limits) -> Optional[TensorTable]:
     """Columns straight from the JSON bytes (C); None when anything needs explaining."""
-    cols = _lowlevel.parse_tensors(span.buf, span.start, span.end, _ITEMSIZE_BY_CODE, limits.max_tensors)
+    cols = lowlevel.parse_tensors(span.buf, span.start, span.end, _ITEMSIZE_BY_CODE, limits.max_tensors)
     if cols is None:
         return None
     n = len(cols["codes"])

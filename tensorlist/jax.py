@@ -32,14 +32,14 @@ leaves need ``jax_enable_x64`` (or ``downcast=True``, which converts them to
 32 bits knowingly): jax would otherwise truncate them silently.
 
 A tree holding arrays sharded over several processes is saved with
-``sharded=True`` as a checkpoint directory (``_jax_shards``, tensorlist's DCP
+``sharded=True`` as a checkpoint directory (``jax_shards``, tensorlist's DCP
 layout); ``load`` of a directory reads it back onto any target sharding.
 
 A ``flax.FrozenDict`` node comes back as a ``FrozenDict`` when the program
 has imported flax, else as a dict: a file never causes an import.
 
 Imports ``_jax_bridge`` (the one jax <-> numpy conversion), ``_tree``, ``_loaded``,
-``reader``, ``writer`` and ``_jax_shards`` (checkpoint directories).
+``reader``, ``writer`` and ``jax_shards`` (checkpoint directories).
 """
 from __future__ import annotations
 
@@ -50,11 +50,14 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import jax
 import numpy as np
 
-from . import _jax_shards, _tree, reader, writer
-from ._jax_bridge import check_dtype, is_array, key_data, key_impl, put, to_numpy, wrap_key
-from ._loaded import loaded_object
-from .errors import FormatError, short_repr
-from .format import DEFAULT_ALIGNMENT
+from tensorlist.dcp import jax_shards
+from tensorlist._base import tree as _tree
+from tensorlist import reader
+from tensorlist import writer
+from tensorlist._bridges.jax import check_dtype, is_array, key_data, key_impl, put, to_numpy, wrap_key
+from tensorlist._base.loaded import loaded_object
+from tensorlist.errors import FormatError, short_repr
+from tensorlist.format import DEFAULT_ALIGNMENT
 
 __all__ = ["save", "load", "load_nnx", "SKIP", "JAX_TREE_FORMAT", "TREE_FIELD"]
 
@@ -176,7 +179,7 @@ def save(path, tree: Any, *, metadata: Any = None, sharded: bool = False, alignm
     header = _tree.make_header(spec, metadata)
     if sharded:
         arrays = {name: v if is_array(v) else put(to_numpy(v, name), None, name) for name, v in leaves}
-        _jax_shards.save_dir(path, arrays, header, alignment=alignment, checksum=checksum, durable=durable)
+        jax_shards.save_dir(path, arrays, header, alignment=alignment, checksum=checksum, durable=durable)
         return
     for name, v in leaves:
         if is_array(v) and not v.is_fully_addressable:
@@ -276,11 +279,11 @@ def load(path, *, sharding: Any = None, device: Any = None, mmap: bool = True, v
 
 
 def _load_dir(path: str, sharding, device, mmap: bool, verify: bool, downcast: bool, cast: bool) -> Any:
-    with _jax_shards.open_dir(path, mmap=mmap, verify=verify) as ck:
+    with jax_shards.open_dir(path, mmap=mmap, verify=verify) as ck:
         header = _tree.tree_header(ck.header, file=ck.metadata_file, field="/tree")
         if header is None:
             raise FormatError("not a tensorlist.jax checkpoint (its metadata has no tree): read it with "
-                              "tensorlist.dcp_read.read_full", file=ck.metadata_file, field="/tree")
+                              "tensorlist.dcp.read_full", file=ck.metadata_file, field="/tree")
         plan = _tree.check(header["tree"], ck.names(), file=ck.metadata_file, field="/tree/tree")
         stored = {n: (tuple(ck.shape(n)), ck.dtype(n)) for n in plan.leaves}
         targets, replace = _targets(header["tree"], plan, sharding, device, stored, downcast, cast, path)

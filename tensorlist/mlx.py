@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from typing import Any, Dict, Mapping, Optional
 
-from . import reader, writer
-from ._dtypes import check_held
-from ._mlx_bridge import MAX_DIM, from_numpy, mlx_dtype, refusal, state_to_numpy, to_numpy
-from .format import DEFAULT_ALIGNMENT
+from tensorlist import reader, writer
+from tensorlist._base.dtypes import check_held
+from tensorlist._bridges.mlx import MAX_DIM, from_numpy, mlx_dtype, refusal, state_to_numpy, to_numpy
+from tensorlist.format import DEFAULT_ALIGNMENT
 
 __all__ = ["save", "load", "to_numpy", "from_numpy", "mlx_dtype"]
 

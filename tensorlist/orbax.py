@@ -39,10 +39,13 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from . import _jax_bridge, _jax_shards, _tree, reader
-from . import jax as tl_jax
-from .errors import FormatError
-from .format import DEFAULT_ALIGNMENT, confine
+from tensorlist._bridges import jax as _jax_bridge
+from tensorlist.dcp import jax_shards
+from tensorlist._base import tree as _tree
+from tensorlist import reader
+from tensorlist import jax as tl_jax
+from tensorlist.errors import FormatError
+from tensorlist.format import DEFAULT_ALIGNMENT, confine
 
 __all__ = [
     "TREE_FILE", "SHARDED_DIR", "TensorListCheckpointHandler", "TensorListSave", "TensorListRestore",
@@ -144,7 +147,7 @@ def _abstract(directory) -> Optional[Any]:
     if os.path.lexists(path) and not os.path.isdir(path):
         raise FormatError(f"is not a directory: a sharded item's {SHARDED_DIR}/ holds its shards", file=path)
     if os.path.isdir(path):
-        with _jax_shards.open_dir(path) as ck:
+        with jax_shards.open_dir(path) as ck:
             header = _tree.tree_header(ck.header, file=ck.metadata_file, field=SHARDED_TREE_FIELD)
             if header is None:
                 return None

@@ -15,10 +15,10 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Union
 
 import numpy as np
 
-from . import _backends
-from ._datafile import ListData, ReadMode, open_consistently, read_mode
-from ._jsonio import resolve_pointer, set_at_pointer
-from .format import Limits, ListDescriptor, TensorInfo, find_tensor_lists, parse_list, read_json_file, select_list
+from tensorlist._base import backends
+from tensorlist._storage.datafile import ListData, ReadMode, open_consistently, read_mode
+from tensorlist._base.jsonio import resolve_pointer, set_at_pointer
+from tensorlist.format import Limits, ListDescriptor, TensorInfo, find_tensor_lists, parse_list, read_json_file, select_list
 
 __all__ = ["Reader", "open", "load", "load_document"]
 
@@ -134,8 +134,8 @@ class Reader(TensorMapping):
     """
 
     def __new__(cls, path=None, *args, **kwargs):
-        if _backends.is_remote(path):  # served by the registered URL backend (tensorlist.remote)
-            return _backends.dispatch("reader", path)(path, *args, **kwargs)
+        if backends.is_remote(path):  # served by the registered URL backend (tensorlist.remote)
+            return backends.dispatch("reader", path)(path, *args, **kwargs)
         return super().__new__(cls)
 
     def __init__(
@@ -150,7 +150,7 @@ class Reader(TensorMapping):
         max_total_bytes: Optional[int] = None,
         bits: bool = False,
     ):
-        self.path = _backends.localize(os.fspath(path))
+        self.path = backends.localize(os.fspath(path))
         self._bits = bool(bits)
         self._limits = Limits.of(max_descriptor_bytes, max_tensors, max_total_bytes)
         self._mmap = mmap = read_mode(mmap)
@@ -264,8 +264,8 @@ def load(path, *, pointer: Optional[str] = None, mmap: Union[bool, str] = True, 
         OSError: the descriptor cannot be read.
     """
     mmap = read_mode(mmap)
-    if device is not None:  # served by the registered device backend (tensorlist._staging): torch
-        return _backends.dispatch("device", path)(path, device, pointer=pointer, mmap=mmap, verify=verify,
+    if device is not None:  # served by the registered device backend (tensorlist.torch): torch
+        return backends.dispatch("device", path)(path, device, pointer=pointer, mmap=mmap, verify=verify,
                                                   **kwargs)
     with Reader(path, pointer=pointer, mmap=mmap, **kwargs) as r:
         if verify:
@@ -289,9 +289,9 @@ def load_document(path, *, mmap: Union[bool, str] = True, allow_outside: bool = 
         array (as ``load`` returns it); the parsed document is not kept.
     """
     mmap = read_mode(mmap)
-    path = _backends.localize(os.fspath(path))
-    if _backends.is_remote(path):
-        return _backends.dispatch("load_document", path)(
+    path = backends.localize(os.fspath(path))
+    if backends.is_remote(path):
+        return backends.dispatch("load_document", path)(
             path, mmap=mmap, allow_outside=allow_outside, max_descriptor_bytes=max_descriptor_bytes,
             max_tensors=max_tensors, max_total_bytes=max_total_bytes)
     limits = Limits.of(max_descriptor_bytes, max_tensors, max_total_bytes)

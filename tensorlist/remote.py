@@ -41,17 +41,21 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 
-from . import _backends, _lowlevel, reader, schema, writer
-from ._backends import is_url
-from ._commit import new_token, own_locations
-from ._datafile import ReadMode, check_crcs, first_tensor_in, read_mode, region_target, too_many_dims, unsupported_dtype
-from ._items import (Item, WriterBase, align, check_alignment, check_metadata, descriptor, descriptor_text,
+from tensorlist._base import backends as _backends
+from tensorlist._base import lowlevel
+from tensorlist import reader
+from tensorlist import schema
+from tensorlist import writer
+from tensorlist._base.backends import is_url
+from tensorlist._storage.commit import new_token, own_locations
+from tensorlist._storage.datafile import ReadMode, check_crcs, first_tensor_in, read_mode, region_target, too_many_dims, unsupported_dtype
+from tensorlist._storage.items import (Item, WriterBase, align, check_alignment, check_metadata, descriptor, descriptor_text,
                      fast_descriptor_text, layout, prepare, tensor_entries)
-from ._jsonio import dumps, set_at_pointer
-from .errors import FormatError, TensorListError, UnsupportedDTypeError
-from .format import (DEFAULT_ALIGNMENT, LIST_ALIGNMENT, MIN_TENSOR_ALIGNMENT, Limits, ListDescriptor, check_data_size,
+from tensorlist._base.jsonio import dumps, set_at_pointer
+from tensorlist.errors import FormatError, TensorListError, UnsupportedDTypeError
+from tensorlist.format import (DEFAULT_ALIGNMENT, LIST_ALIGNMENT, MIN_TENSOR_ALIGNMENT, Limits, ListDescriptor, check_data_size,
                      find_tensor_lists, parse_list, read_json_bytes, select_list)
-from .reader import TensorMapping
+from tensorlist.reader import TensorMapping
 
 __all__ = ["is_url", "RemoteError", "RemoteReader", "RemoteWriter", "open", "load", "save"]
 
@@ -203,7 +207,7 @@ class RemoteReader(TensorMapping):
         got: Dict[int, memoryview] = {}
         for g, s, b in zip(groups, starts, blobs):
             if self._mode is ReadMode.COPY:
-                b, src = _lowlevel.alloc(len(b)), b
+                b, src = lowlevel.alloc(len(b)), b
                 b[:] = np.frombuffer(src, np.uint8)
             view = memoryview(b)
             for i in g:
@@ -411,14 +415,14 @@ class _DataStream:
                 piece = np.ascontiguousarray(elems[i:i + step, ::-1]).reshape(-1)
                 self._write(memoryview(piece))
                 if crc:
-                    c = _lowlevel.crc32c(piece, c)
+                    c = lowlevel.crc32c(piece, c)
         else:
             view = memoryview(raw)
             for i in range(0, len(view), STREAM_BLOCK):
                 piece = view[i:i + STREAM_BLOCK]
                 self._write(piece)
                 if crc:
-                    c = _lowlevel.crc32c(piece, c)
+                    c = lowlevel.crc32c(piece, c)
         return c if crc else None
 
     def copy_from(self, local_path: str, length: int) -> None:
@@ -568,7 +572,7 @@ class RemoteWriter(WriterBase):
         if self._spool is None:
             return self._stream.write_item(item, offset, self.checksum)
         tmp, fd, base = self._spool
-        crcs = _lowlevel.write_items(fd, [item.array], [offset - base], [item.swap], max(0, self._book.end - base),
+        crcs = lowlevel.write_items(fd, [item.array], [offset - base], [item.swap], max(0, self._book.end - base),
                                      offset - base + item.nbytes, crc=self.checksum, fsync=False, sparse=False,
                                      path=tmp)
         return crcs[0] if crcs is not None else None

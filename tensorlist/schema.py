@@ -11,11 +11,12 @@ import os
 from importlib import resources
 from typing import Any, Dict, List, Optional
 
-from . import _backends, _tree
-from ._datafile import open_consistently
-from ._jsonio import loads_strict, resolve_pointer
-from .errors import FormatError
-from .format import (Limits, ListDescriptor, TensorSpan, find_tensor_lists, looks_like_list, parse_list, read_json_file,
+from tensorlist._base import backends
+from tensorlist._base import tree as _tree
+from tensorlist._storage.datafile import open_consistently
+from tensorlist._base.jsonio import loads_strict, resolve_pointer
+from tensorlist.errors import FormatError
+from tensorlist.format import (Limits, ListDescriptor, TensorSpan, find_tensor_lists, looks_like_list, parse_list, read_json_file,
                      short_repr)
 
 __all__ = ["load_schema", "schema_validator", "validate"]
@@ -117,8 +118,8 @@ def validate(obj, *, pointer: Optional[str] = None, base_dir=None, check_data: b
         FormatError: naming the file, the tensor (index and name) and the field.
     """
     limits = Limits.of(max_descriptor_bytes, max_tensors, max_total_bytes)
-    if _backends.is_remote(obj):
-        return _backends.dispatch("validate", obj)(
+    if backends.is_remote(obj):
+        return backends.dispatch("validate", obj)(
             obj, pointer=pointer, check_data=check_data, verify=verify, allow_outside=allow_outside,
             max_descriptor_bytes=max_descriptor_bytes, max_tensors=max_tensors, max_total_bytes=max_total_bytes,
             **backend_options)
@@ -131,7 +132,7 @@ def validate(obj, *, pointer: Optional[str] = None, base_dir=None, check_data: b
         doc = loads_strict(obj)
         read = lambda: doc  # noqa: E731
     elif isinstance(obj, (str, os.PathLike)):
-        file = _backends.localize(os.fspath(obj))
+        file = backends.localize(os.fspath(obj))
         read = lambda: read_json_file(file, limits, fast=True)  # noqa: E731
         if base_dir is None:
             base_dir = os.path.dirname(os.path.abspath(file))

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from typing import Any, Dict, Mapping, Optional, Union
 
-from . import reader, writer
-from ._dtypes import check_held
-from ._tf_bridge import address, from_numpy, refusal, state_to_numpy, tf_dtype, to_numpy
-from .format import DEFAULT_ALIGNMENT
+from tensorlist import reader, writer
+from tensorlist._base.dtypes import check_held
+from tensorlist._bridges.tf import address, from_numpy, refusal, state_to_numpy, tf_dtype, to_numpy
+from tensorlist.format import DEFAULT_ALIGNMENT
 
 __all__ = ["save", "load", "to_numpy", "from_numpy", "tf_dtype", "address"]
 

@@ -4,10 +4,10 @@ Tensors are prepared and laid out by ``_items`` (shared with the remote
 writer), written by the C core straight from the caller's buffers, and
 committed through ``_commit``'s one atomic replacement protocol (data file,
 then descriptor; see its docstring). URLs go to the registered backend
-(``_backends``).
+(``backends``).
 
-Imports ``_items``, ``_commit``, ``_backends``, ``format``, ``_jsonio``,
-``_dtypes`` and ``_lowlevel``; never ``remote`` or torch.
+Imports ``_items``, ``_commit``, ``backends``, ``format``, ``_jsonio``,
+``_dtypes`` and ``lowlevel``; never ``remote`` or torch.
 """
 from __future__ import annotations
 
@@ -16,14 +16,15 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import _backends, _lowlevel
-from ._commit import Commit, atomic_file
-from ._items import (GCPaused, Item, WriterBase, align, check_alignment, check_metadata, descriptor,
+from tensorlist._base import backends
+from tensorlist._base import lowlevel
+from tensorlist._storage.commit import Commit, atomic_file
+from tensorlist._storage.items import (GCPaused, Item, WriterBase, align, check_alignment, check_metadata, descriptor,
                      descriptor_text, fast_descriptor_text, known_len, prepare, tensor_entries)
-from ._items import layout as place
-from ._jsonio import check_json, dumps, escape_pointer, resolve_pointer, walk
-from .errors import FormatError
-from .format import DEFAULT_ALIGNMENT, LIST_ALIGNMENT, MIN_TENSOR_ALIGNMENT, find_tensor_lists
+from tensorlist._storage.items import layout as place
+from tensorlist._base.jsonio import check_json, dumps, escape_pointer, resolve_pointer, walk
+from tensorlist.errors import FormatError
+from tensorlist.format import DEFAULT_ALIGNMENT, LIST_ALIGNMENT, MIN_TENSOR_ALIGNMENT, find_tensor_lists
 
 __all__ = ["save", "Writer", "Tensors", "write_data", "save_document", "document_lists", "document_with_descriptors"]
 
@@ -46,7 +47,7 @@ def _write_lists(fd, lists, alignment, checksum, durable, threads, path, lamp):
             offs.append(start + o if it.nbytes else min(start + o, end))
             swaps.append(it.swap)
         start = end
-    crcs = _lowlevel.write_items(fd, bufs, offs, swaps, 0, start, crc=checksum and not lamp,
+    crcs = lowlevel.write_items(fd, bufs, offs, swaps, 0, start, crc=checksum and not lamp,
                                  fsync=False, sparse=True, threads=threads, path=path, writeback=durable)
     out, k = [], 0
     for (s, rel, length), items in zip(layout, lists):
@@ -89,10 +90,10 @@ def save(path, tensors, *, metadata: Any = None, alignment: int = DEFAULT_ALIGNM
         >>> tensorlist.load(path)["w"].shape
         (2, 3)
     """
-    if _backends.is_remote(path):  # served by the registered URL backend (tensorlist.remote)
-        return _backends.dispatch("save", path)(path, tensors, metadata=metadata, alignment=alignment,
+    if backends.is_remote(path):  # served by the registered URL backend (tensorlist.remote)
+        return backends.dispatch("save", path)(path, tensors, metadata=metadata, alignment=alignment,
                                                 checksum=checksum, lamp=lamp, durable=durable, threads=threads)
-    path = _backends.localize(os.fspath(path))
+    path = backends.localize(os.fspath(path))
     if lamp:
         alignment = MIN_TENSOR_ALIGNMENT
     check_alignment(alignment)
@@ -148,14 +149,14 @@ class Writer(WriterBase):
     """
 
     def __new__(cls, path=None, *args, **kwargs):
-        if _backends.is_remote(path):  # served by the registered URL backend (tensorlist.remote)
-            return _backends.dispatch("writer", path)(path, *args, **kwargs)
+        if backends.is_remote(path):  # served by the registered URL backend (tensorlist.remote)
+            return backends.dispatch("writer", path)(path, *args, **kwargs)
         return super().__new__(cls)
 
     def __init__(self, path, *, metadata: Any = None, alignment: int = DEFAULT_ALIGNMENT,
                  checksum: bool = True, lamp: bool = False, durable: bool = True,
                  threads: Optional[int] = None):
-        path = _backends.localize(os.fspath(path))
+        path = backends.localize(os.fspath(path))
         self._setup(os.path.abspath(path), metadata, alignment, checksum, lamp)
         self.threads = threads
         self._commit = Commit(path, lamp=lamp, durable=durable)
@@ -166,20 +167,20 @@ class Writer(WriterBase):
         return self._commit.path
 
     def _write(self, item: Item, offset: int) -> Optional[int]:
-        crcs = _lowlevel.write_items(self._fd, [item.array], [offset], [item.swap], self._book.end,
+        crcs = lowlevel.write_items(self._fd, [item.array], [offset], [item.swap], self._book.end,
                                      offset + item.nbytes, crc=self.checksum, fsync=False, sparse=True,
                                      threads=self.threads, path=self._commit.data_tmp,
                                      writeback=self._commit.durable)
         return crcs[0] if crcs is not None else None
 
     def _reserve(self, shape, dt, nbytes: int, offset: int):
-        _lowlevel.preallocate(self._fd, offset + nbytes, self._commit.data_tmp)
-        view, sync = _lowlevel.map_writable(self._fd, offset, nbytes, self._commit.data_tmp)
+        lowlevel.preallocate(self._fd, offset + nbytes, self._commit.data_tmp)
+        view, sync = lowlevel.map_writable(self._fd, offset, nbytes, self._commit.data_tmp)
         return np.frombuffer(view, dtype=dt.numpy).reshape(shape), sync
 
     def _finish(self, length: int, reserved) -> None:
         if length:
-            _lowlevel.preallocate(self._fd, length, self._commit.data_tmp)
+            lowlevel.preallocate(self._fd, length, self._commit.data_tmp)
         self._commit.finish_data()
         self._fd = None
         self._commit.commit(self._descriptor_text(self._commit.data_name, length))
@@ -225,7 +226,7 @@ def write_data(data_path, lists: Sequence, *, alignment: int = DEFAULT_ALIGNMENT
         One TensorList descriptor (a JSON-ready dict) per list, in order.
     """
     alignment = MIN_TENSOR_ALIGNMENT if lamp else check_alignment(alignment)
-    data_path = os.path.abspath(_backends.localize(os.fspath(data_path)))
+    data_path = os.path.abspath(backends.localize(os.fspath(data_path)))
     prepared, metas = [], []
     for i, lst in enumerate(lists):
         meta = None
@@ -267,10 +268,10 @@ def save_document(path, document: Any, *, alignment: int = DEFAULT_ALIGNMENT, ch
         4.0
     """
     check_alignment(alignment)
-    if _backends.is_remote(path):
-        return _backends.dispatch("save_document", path)(path, document, alignment=alignment, checksum=checksum,
+    if backends.is_remote(path):
+        return backends.dispatch("save_document", path)(path, document, alignment=alignment, checksum=checksum,
                                                          durable=durable, threads=threads)
-    path = _backends.localize(os.fspath(path))
+    path = backends.localize(os.fspath(path))
     found = document_lists(document, path)
     commit = Commit(path, lamp=False, durable=durable)
     try:

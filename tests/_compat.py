@@ -4,7 +4,7 @@ import importlib.util
 import numpy as np
 import pytest
 
-from tensorlist._dtypes import bfloat16_bits  # noqa: F401  (the tests' bfloat16 data without ml_dtypes)
+from tensorlist._base.dtypes import bfloat16_bits  # noqa: F401  (the tests' bfloat16 data without ml_dtypes)
 
 #: numpy 1.x arrays have at most 32 dims; the format allows 64, numpy 2's limit (format.MAX_DIMS).
 needs_numpy_64_dims = pytest.mark.skipif(

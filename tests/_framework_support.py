@@ -1,14 +1,14 @@
 """Sample arrays for the framework adapters' tests (tests/test_mlx.py, tests/test_tensorflow.py)."""
 import numpy as np
 
-from tensorlist import _dtypes
+from tensorlist._base import dtypes
 
 
 def sample(name, shape, seed=0):
     """A numpy array of table dtype ``name`` with varied values (NaN-free: compared by bytes anyway)."""
     rng = np.random.default_rng(seed)
     base = rng.normal(size=shape) * 3
-    dt = _dtypes.from_name(name).numpy
+    dt = dtypes.from_name(name).numpy
     if dt.kind == "c":
         return (base - 1j * base).astype(dt)
     if dt.kind == "b":

@@ -17,8 +17,8 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import tensorlist.jax as tlj
-from tensorlist import _jax_shards
-from tensorlist._jax_shards import open_dir
+from tensorlist.dcp import jax_shards as _jax_shards
+from tensorlist.dcp.jax_shards import open_dir
 
 #: The tree header every save of the tests stores.
 HEADER = {"format": "tensorlist.jax-tree/1", "tree": {"kind": "leaf", "name": "w"}, "metadata": {"step": 3}}

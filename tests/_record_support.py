@@ -9,8 +9,8 @@ import struct
 import numpy as np
 from hypothesis import strategies as st
 
-from tensorlist import _dtypes
-from tensorlist.record import FORMAT
+from tensorlist._base import dtypes
+from tensorlist.provenance.record import FORMAT
 
 HEX_A = "a" * 64
 HEX_B = "0123456789abcdef" * 4
@@ -134,7 +134,7 @@ def reference_sha256(named_arrays) -> str:
     parts = [b"tensorlist-weights-sha256\x00v1", u64(len(named_arrays))]
     for name, arr in named_arrays:
         arr = np.asarray(arr)
-        dt = _dtypes.from_numpy(arr.dtype)
+        dt = dtypes.from_numpy(arr.dtype)
         if dt.carried:  # ml_dtypes values or a bit carrier: its bits as unsigned integers, in its byte order
             arr = arr.view(np.dtype(f"u{dt.itemsize}").newbyteorder(arr.dtype.byteorder))
         raw = np.ascontiguousarray(arr).astype(dt.bits).tobytes()

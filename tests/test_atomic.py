@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import tensorlist as tl
-from tensorlist import _commit
+from tensorlist._storage import commit as _commit
 
 # Two distinguishable contents, built the same way in this process and in the children.
 CONTENT_SRC = textwrap.dedent("""

@@ -86,9 +86,9 @@ def test_bench_crc_quick_runs_every_path_and_prints_ratios(tmp_path):
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "bench_crc.py"), "--quick", "--json",
                            str(out_json)], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    from tensorlist import _lowlevel
+    from tensorlist._base import lowlevel
 
-    names, _ = _lowlevel.crc32c_impls()
+    names, _ = lowlevel.crc32c_impls()
     for row in names + ["auto", "google-crc32c", "implementation", "x portable", "call us"]:
         assert row in proc.stdout, proc.stdout
     result = json.loads(out_json.read_text())

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 import tensorlist as tl
-from tensorlist import _dtypes
-from tensorlist.record import weights_sha256
+from tensorlist._base import dtypes
+from tensorlist.provenance.record import weights_sha256
 
-ML = [d for d in _dtypes.DTYPES if d.ml_dtypes_since is not None]
+ML = [d for d in dtypes.DTYPES if d.ml_dtypes_since is not None]
 
 
 def values(row, n=12):
@@ -32,9 +32,9 @@ def test_a_file_loads_as_carriers_of_the_same_bytes(tmp_path, row, mmap):
         one = r["x"]
     for c in (got["x"], one):
         assert c.dtype.kind == "u" and c.dtype.itemsize == row.itemsize and c.shape == a.shape
-        assert c.dtype.metadata == {_dtypes.BITS_KEY: row.name}
+        assert c.dtype.metadata == {dtypes.BITS_KEY: row.name}
         assert c.tobytes() == a.tobytes()
-    assert got["e"].shape == (0, 4) and _dtypes.from_numpy(got["e"].dtype) is row
+    assert got["e"].shape == (0, 4) and dtypes.from_numpy(got["e"].dtype) is row
 
 
 @pytest.mark.parametrize("row", ML, ids=lambda r: r.name)
@@ -45,37 +45,37 @@ def test_carriers_save_as_their_type_beside_plain_unsigned_arrays(tmp_path, row)
         path = tmp_path / f"{i}.tl"
         tl.save(path, tensors)
         codes = {t["name"]: t["dataType"] for t in json.loads(path.read_text())["tensors"]}
-        assert codes == {"c": row.code, "p": _dtypes.from_numpy(plain.dtype).code}
+        assert codes == {"c": row.code, "p": dtypes.from_numpy(plain.dtype).code}
         back = tl.load(path, bits=True)
-        assert back["c"].dtype.metadata == {_dtypes.BITS_KEY: row.name} and back["c"].tobytes() == carrier.tobytes()
+        assert back["c"].dtype.metadata == {dtypes.BITS_KEY: row.name} and back["c"].tobytes() == carrier.tobytes()
         assert back["p"].dtype == plain.dtype and back["p"].tobytes() == plain.tobytes()
 
 
 def test_a_carrier_hashes_as_the_values_it_carries():
     pytest.importorskip("ml_dtypes", reason="the values it carries are ml_dtypes'")
-    carrier = values(_dtypes.from_name("bfloat16"))
-    a = carrier.view(np.uint16).view(_dtypes.from_name("bfloat16").numpy)
+    carrier = values(dtypes.from_name("bfloat16"))
+    a = carrier.view(np.uint16).view(dtypes.from_name("bfloat16").numpy)
     assert weights_sha256({"w": carrier}) == weights_sha256({"w": a}) != weights_sha256({"w": a.view(np.uint16)})
 
 
 def test_a_carrier_of_an_unknown_type_is_refused():
-    for bad in ({_dtypes.BITS_KEY: "bfloat17"}, {_dtypes.BITS_KEY: ["bfloat16"]}):
+    for bad in ({dtypes.BITS_KEY: "bfloat17"}, {dtypes.BITS_KEY: ["bfloat16"]}):
         with pytest.raises(TypeError, match="unknown tensorlist dtype"):
-            _dtypes.from_numpy(np.dtype("<u2", metadata=bad))
+            dtypes.from_numpy(np.dtype("<u2", metadata=bad))
     with pytest.raises(TypeError, match="unknown tensorlist dtype"):  # bfloat16's bits are two bytes
-        _dtypes.from_numpy(np.dtype("u1", metadata={_dtypes.BITS_KEY: "bfloat16"}))
-    assert _dtypes.from_numpy(np.dtype("<u2", metadata={"other": 1})).name == "uint16"
+        dtypes.from_numpy(np.dtype("u1", metadata={dtypes.BITS_KEY: "bfloat16"}))
+    assert dtypes.from_numpy(np.dtype("<u2", metadata={"other": 1})).name == "uint16"
 
 
 def test_bfloat16_bits_round_as_ml_dtypes_does():
-    """``_dtypes.bfloat16_bits`` (the CLI demo's bfloat16, made without ml_dtypes) rounds to nearest even."""
+    """``dtypes.bfloat16_bits`` (the CLI demo's bfloat16, made without ml_dtypes) rounds to nearest even."""
     ml_dtypes = pytest.importorskip("ml_dtypes", reason="the reference rounding is ml_dtypes'")
     special = np.array([0x00000000, 0x80000000, 0x3F808000, 0x3F818000, 0x3F808001, 0x7F7FFFFF, 0x7F800000,
                         0xFF800000, 0x00000001, 0x807FFFFF, 0x7FC00000, 0x7F800001, 0xFFFFFFFF], np.uint32)
     x = np.concatenate([special, np.random.default_rng(1).integers(0, 2**32, 10_000, dtype=np.uint32)])
     f = x.view(np.float32)
-    got = _dtypes.bfloat16_bits(f)
-    assert _dtypes.from_numpy(got.dtype).name == "bfloat16"
+    got = dtypes.bfloat16_bits(f)
+    assert dtypes.from_numpy(got.dtype).name == "bfloat16"
     want = f.astype(ml_dtypes.bfloat16)
     nan = np.isnan(f)
     assert (got.view(np.uint16)[~nan] == want.view(np.uint16)[~nan]).all()
@@ -94,7 +94,7 @@ def test_torch_tensors_cross_as_carriers_both_ways(tmp_path, row, torch):
 
     t = torch.from_numpy(values(row).view(np.uint8).copy()).view(getattr(torch, row.name))
     c = tt.to_numpy(t, bits=True)
-    assert _dtypes.from_numpy(c.dtype) is row and c.tobytes() == t.view(torch.uint8).numpy().tobytes()
+    assert dtypes.from_numpy(c.dtype) is row and c.tobytes() == t.view(torch.uint8).numpy().tobytes()
     assert tt.to_numpy(t).dtype == row.numpy  # the public default: numpy values
     back = tt.from_numpy(c)
     assert back.dtype == t.dtype and torch.equal(back.view(torch.uint8), t.view(torch.uint8))

@@ -167,7 +167,7 @@ def test_dcp_directory(tmp_path):
     import torch.distributed.checkpoint as dcp
 
     from tensorlist.dcp import TensorListReader, TensorListWriter
-    from tensorlist.dcp_read import read_full, validate_checkpoint
+    from tensorlist.dcp import read_full, validate_checkpoint
 
     def build(root):
         dcp.save({"w": torch.arange(4.0), "note": "text"}, storage_writer=TensorListWriter(os.path.join(root, "dcp")))

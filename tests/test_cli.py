@@ -13,7 +13,7 @@ import pytest
 import tensorlist as tl
 from _compat import bfloat16_bits
 from _record_support import full_record
-from tensorlist import _dtypes
+from tensorlist._base import dtypes
 
 pytestmark = pytest.mark.slow  # every test runs python -m tensorlist in a child
 
@@ -235,7 +235,7 @@ def test_inspect_other_formats(tmp_path, model):
 def test_bfloat16_and_float8_without_ml_dtypes(tmp_path):
     """validate --verify and convert move bfloat16/float8 as bytes (bit carriers) and demo makes its bfloat16 as
     one: none of them needs ml_dtypes, which has no wheel for s390x."""
-    f8 = np.array([0x38, 0x7F, 0x80], np.uint8).view(_dtypes.from_name("float8_e4m3fn").bits)
+    f8 = np.array([0x38, 0x7F, 0x80], np.uint8).view(dtypes.from_name("float8_e4m3fn").bits)
     want = {"bf": bfloat16_bits([1.5, -2.0, np.nan]), "f8": f8, "w": np.arange(3, dtype=np.float32)}
     src = tmp_path / "m.tl"
     tl.save(src, want)
@@ -246,11 +246,11 @@ def test_bfloat16_and_float8_without_ml_dtypes(tmp_path):
         p = run_without_ml_dtypes("convert", tmp_path / dst, tmp_path / f"back-{dst}.tl")
         assert p.returncode == 0, p.stderr
         back = tl.load(tmp_path / f"back-{dst}.tl", bits=True)
-        assert {k: _dtypes.from_numpy(a.dtype).name for k, a in back.items()} == {"bf": "bfloat16",
+        assert {k: dtypes.from_numpy(a.dtype).name for k, a in back.items()} == {"bf": "bfloat16",
                                                                                 "f8": "float8_e4m3fn", "w": "float32"}
-        assert all(back[k].tobytes() == _dtypes.as_little(a).tobytes() for k, a in want.items()), dst
+        assert all(back[k].tobytes() == dtypes.as_little(a).tobytes() for k, a in want.items()), dst
         assert run_without_ml_dtypes("diff", src, tmp_path / dst).returncode == 0
     p = run_without_ml_dtypes("demo", "--dir", tmp_path / "d")
     assert p.returncode == 0 and "training demo skipped" in p.stdout, p.stderr
     with tl.open(tmp_path / "d" / "model.tl", bits=True) as r:
-        assert _dtypes.from_numpy(r["block.0.attn.qkv"].dtype).name == "bfloat16"
+        assert dtypes.from_numpy(r["block.0.attn.qkv"].dtype).name == "bfloat16"

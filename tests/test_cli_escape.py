@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 import tensorlist as tl
-from tensorlist import _tree
-from tensorlist._terminal import display_width, escape_controls
+from tensorlist._base import tree as _tree
+from tensorlist._base.terminal import display_width, escape_controls
 from tensorlist.cli import main
 
 #: ESC (a colour CSI), BEL, an OSC setting the window title, a C1 CSI (U+009B), a bidi override, a line separator.

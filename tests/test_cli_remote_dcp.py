@@ -19,7 +19,7 @@ import tensorlist as tl
 from tensorlist.cli import main
 from tensorlist.convert import infer_format, open_source
 from tensorlist.convert.formats import is_directory
-from tensorlist.dcp_read import METADATA_NAME, read_full, read_metadata
+from tensorlist.dcp import METADATA_NAME, read_full, read_metadata
 
 pytest.importorskip("fsspec", reason="remote URLs need fsspec")
 

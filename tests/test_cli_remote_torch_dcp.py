@@ -21,7 +21,7 @@ fsspec = pytest.importorskip("fsspec", reason="remote URLs need fsspec")
 
 from tensorlist.cli import main  # noqa: E402
 from tensorlist.convert import infer_format, open_source  # noqa: E402
-from tensorlist.dcp_read import read_full, read_metadata  # noqa: E402
+from tensorlist.dcp import read_full, read_metadata  # noqa: E402
 
 STATE = {
     "model.weight": torch.arange(12, dtype=torch.float32).reshape(4, 3),

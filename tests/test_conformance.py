@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import tensorlist as tl
-from tensorlist import _dtypes
+from tensorlist._base import dtypes
 
 CORPUS = Path(__file__).resolve().parent / "conformance"
 MANIFEST = json.loads((CORPUS / "manifest.json").read_text(encoding="utf-8"))
@@ -45,7 +45,7 @@ def _read(mode, path, kw, verify=False):
 
 def _unsupported(case):
     """The first dtype of the case that the installed ml_dtypes lacks (float8_e8m0fnu before 0.5), or None."""
-    return next((t["dtype"] for t in case["tensors"] if not _dtypes.from_name(t["dtype"]).supported), None)
+    return next((t["dtype"] for t in case["tensors"] if not dtypes.from_name(t["dtype"]).supported), None)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -62,8 +62,8 @@ def test_valid_file(case, mode):
     assert list(got) == [t["key"] for t in case["tensors"]]
     for t in case["tensors"]:
         a = got[t["key"]]
-        assert _dtypes.from_numpy(a.dtype).name == t["dtype"]
-        assert _dtypes.from_name(t["dtype"]).code == t["dataType"]
+        assert dtypes.from_numpy(a.dtype).name == t["dtype"]
+        assert dtypes.from_name(t["dtype"]).code == t["dataType"]
         assert list(a.shape) == t["shape"]
         assert a.tobytes().hex() == t["hex"]
         if a.dtype.kind == "c":
@@ -104,10 +104,10 @@ def test_every_rule_has_an_invalid_file():
     rules = {c["rule"] for c in CASES if c["expect"] == "error"}
     assert rules == set(range(1, 14))
     assert {c["dtype"] for c in CASES if c["id"].startswith("dtype_") for c in c["tensors"]} == \
-        {d.name for d in _dtypes.DTYPES}
+        {d.name for d in dtypes.DTYPES}
 
 
-@pytest.mark.skipif(not all(d.supported for d in _dtypes.DTYPES),
+@pytest.mark.skipif(not all(d.supported for d in dtypes.DTYPES),
                     reason="the corpus generator needs every dtype of the table (float8_e8m0fnu: ml_dtypes >= 0.5)")
 def test_corpus_is_what_the_generator_makes(tmp_path):
     spec = importlib.util.spec_from_file_location("make_corpus", CORPUS / "make_corpus.py")

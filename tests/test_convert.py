@@ -9,7 +9,7 @@ import pytest
 
 import tensorlist as tl
 from _compat import bfloat16_bits, formats_marked, needs_torch
-from tensorlist import _dtypes
+from tensorlist._base import dtypes as _dtypes
 from tensorlist.convert import DEFAULT_SHARD_BYTES, convert, diff, infer_format, open_source
 
 try:

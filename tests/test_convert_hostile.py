@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import tensorlist as tl
-from tensorlist import _dtypes
+from tensorlist._base import dtypes as _dtypes
 from tensorlist.convert import MIN_EXPANSION_BYTES, NPZ_SIDECAR, convert, open_source
 
 from _compat import bfloat16_bits, formats_marked, needs_numpy_64_dims, needs_torch

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 import tensorlist as tl
-from tensorlist import _dtypes, _lowlevel
+from tensorlist._base import dtypes
+from tensorlist._base import lowlevel
 from _compat import formats_marked, needs_torch
 from tensorlist.convert import convert, open_source, sinks
 
@@ -45,7 +46,7 @@ def _loaded(path):
 
 def _same(got, want):
     """The same stored (little-endian) bytes: ``want`` is native, big-endian on s390x."""
-    assert [_dtypes.as_little(a).tobytes() for a in got.values()] == [_dtypes.as_little(a).tobytes()
+    assert [dtypes.as_little(a).tobytes() for a in got.values()] == [dtypes.as_little(a).tobytes()
                                                                       for a in want.values()]
 
 
@@ -74,7 +75,7 @@ def test_every_output_is_fsynced_renamed_and_its_directory_fsynced(tmp_path, mon
     out.mkdir()
     dst = out / EXT[fmt]
     events = []
-    real_fsync, real_replace, real_rename = _lowlevel.fsync, os.replace, os.rename
+    real_fsync, real_replace, real_rename = lowlevel.fsync, os.replace, os.rename
 
     def fsync(fd, path=None):  # the package's one fsync (tl_fsync)
         events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
@@ -86,7 +87,7 @@ def test_every_output_is_fsynced_renamed_and_its_directory_fsynced(tmp_path, mon
             return real(a, b, **kw)
         return rename
 
-    monkeypatch.setattr(_lowlevel, "fsync", fsync)
+    monkeypatch.setattr(lowlevel, "fsync", fsync)
     monkeypatch.setattr(os, "replace", renamer(real_replace))
     monkeypatch.setattr(os, "rename", renamer(real_rename))  # the Writer's commit renames
     convert(src, dst, progress=False, shard_bytes=20_000)
@@ -114,7 +115,7 @@ def test_every_output_is_fsynced_renamed_and_its_directory_fsynced(tmp_path, mon
 def test_durable_false_skips_the_fsyncs_not_the_rename(tmp_path, monkeypatch, fmt):
     src = _source(tmp_path, fmt, 1.0)
     calls = []
-    monkeypatch.setattr(_lowlevel, "fsync", lambda fd, path=None: calls.append(fd))
+    monkeypatch.setattr(lowlevel, "fsync", lambda fd, path=None: calls.append(fd))
     convert(src, tmp_path / EXT[fmt], progress=False, durable=False)
     monkeypatch.undo()
     assert calls == []
@@ -165,7 +166,7 @@ def test_a_failure_midway_leaves_the_old_destination_intact(tmp_path, monkeypatc
 
 
 def test_hf_failure_while_renaming_leaves_no_temporary_files(tmp_path, monkeypatch):
-    from tensorlist import _commit
+    from tensorlist._storage import commit as _commit
 
     src = _source(tmp_path, "hf", 1.0)
     out = tmp_path / "out"

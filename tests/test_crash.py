@@ -76,7 +76,7 @@ CONTENT = textwrap.dedent("""
 SERVER = CONTENT + textwrap.dedent("""
     import json, os, shutil, signal, sys
 
-    from tensorlist import _lowlevel
+    from tensorlist._base import lowlevel as _lowlevel
 
     # fsync is the package's one fsync (tl_fsync: F_FULLFSYNC on macOS), the rest are os calls
     HOOKED = {"open": os, "fsync": _lowlevel, "rename": os, "unlink": os}

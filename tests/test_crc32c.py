@@ -1,4 +1,4 @@
-"""CRC32C on every implementation this build and CPU run (csrc/crc32c*.c, through _lowlevel.crc32c_impl).
+"""CRC32C on every implementation this build and CPU run (csrc/crc32c*.c, through lowlevel.crc32c_impl).
 
 One table of cases for all of them, as google/crc32c's crc32c_extend_unittests.h: known answers,
 every length 0..4096 at every misalignment 0..15, split/extend, the three-stream paths across their
@@ -23,10 +23,10 @@ try:
 except ImportError:
     google_crc32c = None
 
-from tensorlist import _lowlevel
+from tensorlist._base import lowlevel
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-AVAILABLE, _ = _lowlevel.crc32c_impls()
+AVAILABLE, _ = lowlevel.crc32c_impls()
 IMPLS = ["auto"] + AVAILABLE
 ROUND = 3 * 8192  # bytes per large round of the three-stream paths (TL_CRC3_SOFT_MIN)
 SMALL_ROUND = 3 * 256  # bytes per small round (TL_CRC3_MIN); every length to 4096 crosses several
@@ -59,7 +59,7 @@ def _prefix_crcs(data: bytes, seed: int) -> list:
 def test_portable_is_always_available_and_the_dispatcher_picks_an_available_one():
     assert "portable" in AVAILABLE
     for length in (0, 100, SMALL_ROUND - 1, SMALL_ROUND, FOLD_MIN - 1, FOLD_MIN, ROUND - 1, ROUND, 1 << 20):
-        names, chosen = _lowlevel.crc32c_impls(length)
+        names, chosen = lowlevel.crc32c_impls(length)
         assert names == AVAILABLE and chosen in names
         # the rule of crc32c.c's choose(): hardware over tables, three streams where a round fits
         # (the software join only on the large rounds)
@@ -87,11 +87,11 @@ def test_machine_features_are_used_where_the_cpu_has_them():
 
 
 def test_missing_or_unknown_implementation_is_a_value_error():
-    absent = next(name for name in _lowlevel.CRC32C_IMPLS if name != "auto" and name not in AVAILABLE)
+    absent = next(name for name in lowlevel.CRC32C_IMPLS if name != "auto" and name not in AVAILABLE)
     with pytest.raises(ValueError, match=f"crc32c implementation '{absent}' is not available here"):
-        _lowlevel.crc32c_impl(absent, b"abc")
+        lowlevel.crc32c_impl(absent, b"abc")
     with pytest.raises(ValueError, match="'nope' is not available here .available: portable"):
-        _lowlevel.crc32c_impl("nope", b"abc")
+        lowlevel.crc32c_impl("nope", b"abc")
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -109,9 +109,9 @@ def test_missing_or_unknown_implementation_is_a_value_error():
 )
 def test_known_answers(impl, data, expected):
     if impl == "auto":  # the dispatcher, as every caller reaches it
-        assert _lowlevel.crc32c(data) == expected
-    assert _lowlevel.crc32c_impl(impl, data) == expected
-    assert _lowlevel.crc32c_impl(impl, np.frombuffer(data, np.uint8)) == expected
+        assert lowlevel.crc32c(data) == expected
+    assert lowlevel.crc32c_impl(impl, data) == expected
+    assert lowlevel.crc32c_impl(impl, np.frombuffer(data, np.uint8)) == expected
     assert _prefix_crcs(data, 0)[-1] == expected
 
 
@@ -122,7 +122,7 @@ def test_every_length_to_4096_at_every_misalignment(impl):
     for off in range(16):
         seed = (off * 0x9E3779B9) & 0xFFFFFFFF
         want = _prefix_crcs(data[off : off + 4096], seed)
-        got = [_lowlevel.crc32c_impl(impl, view[off : off + n], seed) for n in range(4097)]
+        got = [lowlevel.crc32c_impl(impl, view[off : off + n], seed) for n in range(4097)]
         assert got == want, (impl, off, next(n for n in range(4097) if got[n] != want[n]))
 
 
@@ -135,11 +135,11 @@ def test_three_stream_rounds_and_split_extend(impl):
         for rounds in (1, 2, 3):
             for delta in (-9, -8, -1, 0, 1, 7, 8, 17, 4096):
                 n = rounds * ROUND + delta
-                assert _lowlevel.crc32c_impl(impl, view[off : off + n], 0xFFFFFFFF) == want[n], (off, n)
+                assert lowlevel.crc32c_impl(impl, view[off : off + n], 0xFFFFFFFF) == want[n], (off, n)
     total, whole = 2 * ROUND + 100, _prefix_crcs(data[: 2 * ROUND + 100], 0)[-1]
     for split in (0, 1, 7, 8, 9, 8191, 8192, 8193, ROUND - 1, ROUND, ROUND + 1, total):
-        head = _lowlevel.crc32c_impl(impl, view[:split])
-        assert _lowlevel.crc32c_impl(impl, view[split:total], head) == whole, split
+        head = lowlevel.crc32c_impl(impl, view[:split])
+        assert lowlevel.crc32c_impl(impl, view[split:total], head) == whole, split
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -151,7 +151,7 @@ def test_folding_edges_every_tail(impl):
         seed = (off * 0x9E3779B9) & 0xFFFFFFFF
         want = _prefix_crcs(data[off:], seed)
         for n in range(FOLD_MIN - 8, FOLD_MIN + 3 * FOLD_STEP + 9):
-            assert _lowlevel.crc32c_impl(impl, view[off : off + n], seed) == want[n], (impl, off, n)
+            assert lowlevel.crc32c_impl(impl, view[off : off + n], seed) == want[n], (impl, off, n)
 
 
 @pytest.mark.skipif(google_crc32c is None, reason="google-crc32c (the independent CRC32C) is not installed")
@@ -164,7 +164,7 @@ def test_folding_edges_every_tail(impl):
 def test_agrees_with_google_crc32c(impl, seed, offset, size, rng_seed):
     buf = np.random.default_rng(rng_seed).integers(0, 256, offset + size, dtype=np.uint8)
     view = memoryview(buf)[offset:]
-    assert _lowlevel.crc32c_impl(impl, view, seed) == google_crc32c.extend(seed, bytes(view))
+    assert lowlevel.crc32c_impl(impl, view, seed) == google_crc32c.extend(seed, bytes(view))
 
 
 def _load_generator():

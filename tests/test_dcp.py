@@ -25,10 +25,10 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 import tensorlist as tl
-from tensorlist import _dtypes
-from tensorlist._torch_bridge import from_numpy
+from tensorlist._base import dtypes as _dtypes
+from tensorlist._bridges.torch import from_numpy
 from tensorlist.dcp import TensorListReader, TensorListWriter, read_full, validate_checkpoint
-from tensorlist.dcp_read import (METADATA_NAME, SCHEMA, Shards, StorageEntry, TensorMeta, schema_check, check_shape,
+from tensorlist.dcp import (METADATA_NAME, SCHEMA, Shards, StorageEntry, TensorMeta, schema_check, check_shape,
                                  metadata_document, parse_metadata, read_metadata)
 from tensorlist.errors import FormatError
 from tensorlist.schema import load_schema, schema_validator
@@ -674,7 +674,7 @@ def test_hand_written_shape_checks_agree_with_jsonschema(edit, valid):
 @pytest.mark.slow  # gloo processes
 def test_read_full_and_validate_run_with_torch_blocked(saved):
     code = ("import sys; sys.modules['torch'] = None\n"
-            "import tensorlist.dcp_read as d\n"
+            "import tensorlist.dcp as d\n"
             f"full = d.read_full({str(saved / 'dtensor')!r}, verify=True)\n"
             f"d.validate_checkpoint({str(saved / 'plain')!r})\n"
             "assert 'torch' not in {m.split('.')[0] for m, v in sys.modules.items() if v is not None}\n"

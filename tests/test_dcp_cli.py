@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 
 import tensorlist as tl
-from tensorlist import _dtypes
+from tensorlist._base import dtypes
 from tensorlist.cli import main
 from tensorlist.convert import MetadataDroppedWarning, convert, infer_format, open_source
-from tensorlist.dcp_read import (METADATA_NAME, StorageEntry, TensorMeta, bytes_key, encode_value,
+from tensorlist.dcp import (METADATA_NAME, StorageEntry, TensorMeta, bytes_key, encode_value,
                                  metadata_document, read_full, read_metadata, shard_name, tensor_key,
                                  validate_checkpoint)
 from tensorlist.errors import FormatError
@@ -51,7 +51,7 @@ def make_checkpoint(path, tensors=TENSORS, chunks=CHUNKS, values=VALUES, save_id
     os.makedirs(path, exist_ok=True)
     shards, storage, entries = {}, [], {}
     for fqn, a in tensors.items():
-        name = _dtypes.from_numpy(a.dtype).name
+        name = dtypes.from_numpy(a.dtype).name
         entries[fqn] = TensorMeta(fqn, name, a.shape, tuple((off, sz) for _, off, sz in chunks[fqn]))
         for rank, off, sz in chunks[fqn]:
             part = np.array(a[tuple(slice(o, o + s) for o, s in zip(off, sz))], order="C")  # 0-d stays 0-d
@@ -86,7 +86,7 @@ def cli(capsys, *args):
 
 def same(got, want, what=""):
     """Same dtype (a bit carrier, as sources give bfloat16/float8, counts as its type), shape and bytes."""
-    assert _dtypes.from_numpy(got.dtype) is _dtypes.from_numpy(want.dtype) and got.shape == want.shape, (
+    assert dtypes.from_numpy(got.dtype) is dtypes.from_numpy(want.dtype) and got.shape == want.shape, (
         what, got.dtype, got.shape, want.dtype, want.shape)
     assert got.tobytes() == want.tobytes(), what
 

@@ -25,11 +25,11 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
 
 import tensorlist as tl
-from tensorlist._torch_bridge import from_numpy
+from tensorlist._bridges.torch import from_numpy
 from tensorlist.cli import main
 from tensorlist.convert import MetadataDroppedWarning, convert, open_source
 from tensorlist.dcp import TensorListReader, TensorListWriter, read_full, validate_checkpoint
-from tensorlist.dcp_read import METADATA_NAME, read_metadata
+from tensorlist.dcp import METADATA_NAME, read_metadata
 
 import _ranks
 

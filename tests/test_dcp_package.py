@@ -2,7 +2,7 @@
 
 Each test runs a child interpreter with torch hidden (``sys.modules['torch'] = None``): importing the README's
 line, reading and validating a checkpoint work; touching ``TensorListWriter``/``TensorListReader`` raises an
-ImportError that names torch. The former module name ``tensorlist.dcp_read`` still gives the same objects.
+ImportError that names torch. The former module name ``tensorlist.dcp`` still gives the same objects.
 """
 import subprocess
 import sys
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import tensorlist.dcp as tdcp
-import tensorlist.dcp_read as dcp_read
+import tensorlist.dcp as dcp_read
 from tensorlist.convert import convert
 
 HIDE_TORCH = "import sys; sys.modules['torch'] = None\n"
@@ -50,7 +50,7 @@ def test_using_a_storage_class_without_torch_raises_an_import_error_naming_torch
 
 
 def test_the_numpy_only_modules_never_import_torch():
-    out = child("import tensorlist.dcp, tensorlist.dcp_read, tensorlist.dcp.layout, tensorlist.dcp.metadata, "
+    out = child("import tensorlist.dcp, tensorlist.dcp, tensorlist.dcp.layout, tensorlist.dcp.metadata, "
                 "tensorlist.dcp.tiling, tensorlist.dcp.shards\nprint('ok')")
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
 
@@ -67,6 +67,6 @@ def test_an_unknown_name_is_an_attribute_error():
 
 def test_with_torch_the_storage_classes_are_the_real_ones():
     pytest.importorskip("torch", reason="the storage layer needs torch")
-    from tensorlist.dcp._storage import TensorListReader, TensorListWriter
+    from tensorlist.dcp.torch_storage import TensorListReader, TensorListWriter
     assert tdcp.TensorListWriter is TensorListWriter and tdcp.TensorListReader is TensorListReader
     assert {"TensorListWriter", "TensorListReader"} <= set(dir(tdcp))

@@ -65,12 +65,12 @@ CASES = [  # fqn, storage offsets, lengths, target maker
 @pytest.fixture(params=["direct", "ring"])
 def path_kind(request, monkeypatch):
     """Every case both ways: read straight into CPU targets, and through the staging ring that targets off the
-    CPU take (``_storage._through_ring``; on the CPU its buffers are ordinary memory and its copies synchronous),
+    CPU take (``torch_storage._through_ring``; on the CPU its buffers are ordinary memory and its copies synchronous),
     with buffers of 256 bytes, so slices are cut into pieces, packed and the three buffers reused."""
     if request.param == "ring":
-        from tensorlist.dcp import _storage
-        monkeypatch.setattr(_storage, "_through_ring", lambda target: True)
-        monkeypatch.setattr(_storage, "RING_BYTES", 256)
+        from tensorlist.dcp import torch_storage
+        monkeypatch.setattr(torch_storage, "_through_ring", lambda target: True)
+        monkeypatch.setattr(torch_storage, "RING_BYTES", 256)
     return request.param
 
 
@@ -111,14 +111,14 @@ def test_one_plan_of_every_case_loads_exactly(saved, path_kind):
 
 def test_the_ring_path_names_a_truncated_data_file(saved, tmp_path, monkeypatch):
     import shutil
-    from tensorlist.dcp import _storage
+    from tensorlist.dcp import torch_storage
     path, _ = saved
     copy = tmp_path / "ckpt"
     shutil.copytree(path, copy)
     data = max((f for f in os.listdir(copy) if f.endswith(".data")), key=lambda f: os.path.getsize(copy / f))
     with open(copy / data, "r+b") as f:
         f.truncate(os.path.getsize(copy / data) // 2)
-    monkeypatch.setattr(_storage, "_through_ring", lambda target: True)
+    monkeypatch.setattr(torch_storage, "_through_ring", lambda target: True)
     with pytest.raises(FormatError, match="truncated") as e:
         _read_plan(copy, [("w", (0, 0), (64, 32), CASES[0][3])])
     assert e.value.file == str(copy / data[:-len(".data")].rsplit(".", 1)[0])

@@ -1,4 +1,4 @@
-"""The device load path (``tensorlist._staging``): chunk plan, staged copies, checks, adapters.
+"""The device load path (``tensorlist.torch``): chunk plan, staged copies, checks, adapters.
 
 The staging ring runs unchanged on the CPU (ordinary buffers, synchronous
 copies), so every rule of the plan and the copy (chunk boundaries inside an
@@ -22,8 +22,8 @@ torch = pytest.importorskip("torch", reason="the device load path needs torch (p
 import tensorlist as tl  # noqa: E402
 import tensorlist.torch as tt  # noqa: E402
 from tensorlist import ChecksumError, FormatError  # noqa: E402
-from tensorlist._dtypes import DTYPES  # noqa: E402
-from tensorlist._staging import load_into_device, plan_chunks  # noqa: E402
+from tensorlist._base.dtypes import DTYPES  # noqa: E402
+from tensorlist.torch import load_into_device, plan_chunks  # noqa: E402
 
 HYPOTHESIS = settings(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                             HealthCheck.too_slow])
@@ -297,7 +297,7 @@ def test_a_device_without_torch_is_a_clear_import_error(saved):
 def test_module_state_through_the_staging(tmp_path, monkeypatch):
     """load_module_state's accelerator path, run on CPU tensors: in place where the dtype matches, else a cast."""
     import tensorlist.torch as adapters
-    from tensorlist import _staging
+    import tensorlist.torch as _staging
 
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.Linear(300, 7), torch.nn.BatchNorm1d(7))
@@ -341,13 +341,14 @@ def _dcp_load_through_the_ring(tmp_path, monkeypatch, device):
     """dcp.load with TensorListReader into targets on ``device`` through the staging ring (non-contiguous, cast)."""
     import warnings
     import torch.distributed.checkpoint as dcp
-    from tensorlist.dcp import TensorListReader, TensorListWriter, _storage
+    from tensorlist.dcp import TensorListReader, TensorListWriter
+    from tensorlist.dcp import torch_storage
     state = {"w": torch.randn(256, 64), "h": torch.randn(32, 16).bfloat16(), "s": torch.tensor(1.5)}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         dcp.save(state, storage_writer=TensorListWriter(tmp_path))
         for ring_bytes in (256, 32 << 20):  # many buffers in flight, then one
-            monkeypatch.setattr(_storage, "RING_BYTES", ring_bytes)
+            monkeypatch.setattr(torch_storage, "RING_BYTES", ring_bytes)
             target = {"w": torch.empty(64, 256, device=device).t(), "h": torch.empty(32, 16, device=device),
                       "s": torch.empty((), device=device)}
             reader = TensorListReader(tmp_path)
@@ -360,8 +361,8 @@ def _dcp_load_through_the_ring(tmp_path, monkeypatch, device):
 
 def test_a_dcp_load_through_the_ring_on_the_cpu(tmp_path, monkeypatch):
     """The ring path of TensorListReader (what a CUDA target takes) with CPU targets: plain buffers, synchronous."""
-    from tensorlist.dcp import _storage
-    monkeypatch.setattr(_storage, "_through_ring", lambda target: True)
+    from tensorlist.dcp import torch_storage
+    monkeypatch.setattr(torch_storage, "_through_ring", lambda target: True)
     _dcp_load_through_the_ring(tmp_path, monkeypatch, "cpu")
 
 

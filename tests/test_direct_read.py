@@ -1,4 +1,4 @@
-"""Reads into private memory choose between the page cache and O_DIRECT by residency (_lowlevel.read_new).
+"""Reads into private memory choose between the page cache and O_DIRECT by residency (lowlevel.read_new).
 
 Every ``mmap=False`` reader goes through ``DataFile.read`` -> ``read_new``: the same bytes whichever
 way is taken, on cold and warm files, at offsets that are and are not block-aligned, with tails
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import tensorlist
-from tensorlist import _lowlevel
+from tensorlist._base import lowlevel
 
 MiB = 1 << 20
 
@@ -30,7 +30,7 @@ def _direct_supported(path) -> bool:
     except OSError:
         return False
     try:
-        buf = _lowlevel.alloc(4 << 20)[:4096]  # page-aligned
+        buf = lowlevel.alloc(4 << 20)[:4096]  # page-aligned
         os.preadv(fd, [buf], 0)
         return True
     except OSError:
@@ -42,7 +42,7 @@ def _direct_supported(path) -> bool:
 @pytest.fixture
 def small_direct_min(monkeypatch):
     # the rule is size-independent; a small threshold keeps the files small
-    monkeypatch.setattr(_lowlevel, "DIRECT_MIN", 1 * MiB)
+    monkeypatch.setattr(lowlevel, "DIRECT_MIN", 1 * MiB)
 
 
 @pytest.mark.parametrize("offset, length", [(0, 3 * MiB), (4096, 2 * MiB + 4096), (64, 2 * MiB + 100),
@@ -55,18 +55,18 @@ def test_read_new_same_bytes_cold_and_warm(tmp_path, small_direct_min, offset, l
     fd = os.open(path, os.O_RDONLY)
     try:
         _evict(path)
-        assert _lowlevel.resident_fraction(fd, 0, len(data)) < 0.5
-        cold = _lowlevel.read_new(fd, offset, length)
+        assert lowlevel.resident_fraction(fd, 0, len(data)) < 0.5
+        cold = lowlevel.read_new(fd, offset, length)
         assert cold.ctypes.data % 64 == 0 and cold.flags.writeable
         np.testing.assert_array_equal(cold, data[offset:offset + length])
         if _direct_supported(path):
             # went around the page cache: what was evicted stays evicted (the tail under one block aside)
-            assert _lowlevel.resident_fraction(fd, offset, length) < 0.5
+            assert lowlevel.resident_fraction(fd, offset, length) < 0.5
         with open(path, "rb") as f:
             f.read()
         # warm enough for the cache path (a busy machine may evict a few pages in between)
-        assert _lowlevel.resident_fraction(fd, 0, len(data)) >= _lowlevel.DIRECT_BELOW_RESIDENT
-        warm = _lowlevel.read_new(fd, offset, length)
+        assert lowlevel.resident_fraction(fd, 0, len(data)) >= lowlevel.DIRECT_BELOW_RESIDENT
+        warm = lowlevel.read_new(fd, offset, length)
         np.testing.assert_array_equal(warm, data[offset:offset + length])
     finally:
         os.close(fd)
@@ -81,7 +81,7 @@ def test_read_new_past_the_end_is_eof_both_ways(tmp_path, small_direct_min):
             if not warm:
                 _evict(path)
             with pytest.raises(EOFError):
-                _lowlevel.read_new(fd, 0, 2 * MiB + 4096 + 64)
+                lowlevel.read_new(fd, 0, 2 * MiB + 4096 + 64)
     finally:
         os.close(fd)
 

@@ -8,7 +8,7 @@ torch = pytest.importorskip("torch", reason="these tests need torch (pip install
 
 import tensorlist as tl
 import tensorlist.loops as loops
-from tensorlist.record import verify_model_file
+from tensorlist.provenance.record import verify_model_file
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "_ddp_script.py")
 sys.path.insert(0, os.path.dirname(__file__))

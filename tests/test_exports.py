@@ -23,8 +23,8 @@ from huggingface_hub import ModelCard
 import tensorlist
 from _record_support import full_record
 from tensorlist.errors import FormatError
-from tensorlist.exports import cyclonedx_bom, export, model_card, model_files
-from tensorlist.record import save_model_file, weights_sha256
+from tensorlist.provenance.exports import cyclonedx_bom, export, model_card, model_files
+from tensorlist.provenance.record import save_model_file, weights_sha256
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 WEIGHTS = {"layer.weight": np.arange(6, dtype=np.float32).reshape(2, 3), "layer.bias": np.ones(2, np.float32)}
@@ -115,7 +115,7 @@ def test_model_card_parses_with_huggingface_hub(tmp_path):
 
 def test_a_record_from_a_real_training_run(tmp_path):
     torch = pytest.importorskip("torch", reason="trains a model (pip install 'tensorlist[torch]')")
-    from tensorlist.record import TrainingRecorder
+    from tensorlist.provenance.record import TrainingRecorder
 
     torch.manual_seed(0)
     model = torch.nn.Linear(2, 1)

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 import tensorlist as tl
-from tensorlist import _dtypes
+from tensorlist._base import dtypes
 from tensorlist.convert import convert
 from tensorlist.errors import FormatError, UnsupportedDTypeError
 
-FP4 = _dtypes.from_code(45)
+FP4 = dtypes.from_code(45)
 #: the 16 codes of float4_e2m1fn (sign, 2 exponent bits, 1 mantissa bit), by code
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
 
@@ -37,7 +37,7 @@ def unpack(a: np.ndarray) -> np.ndarray:
 
 def test_the_row():
     assert (FP4.name, FP4.itemsize, FP4.carried) == ("float4_e2m1fn_x2", 1, True)
-    assert 45 not in _dtypes.UNSUPPORTED_CODES and _dtypes.from_numpy(np.dtype("u1")).name == "uint8"
+    assert 45 not in dtypes.UNSUPPORTED_CODES and dtypes.from_numpy(np.dtype("u1")).name == "uint8"
 
 
 @pytest.mark.parametrize("mmap", [True, "copy", False])
@@ -46,7 +46,7 @@ def test_numpy_loads_packed_bytes_that_save_back_identically(tmp_path, mmap):
     tl.save(tmp_path / "a.tl", {"w": a, "e": a[:0], "s": np.array([127, 128], np.uint8).view(np.uint8)})
     got = tl.load(tmp_path / "a.tl", mmap=mmap)
     w = got["w"]
-    assert w.dtype.metadata == {_dtypes.BITS_KEY: "float4_e2m1fn_x2"} and w.shape == (4, 8)
+    assert w.dtype.metadata == {dtypes.BITS_KEY: "float4_e2m1fn_x2"} and w.shape == (4, 8)
     assert w.tobytes() == a.tobytes() and got["e"].shape == (0, 8) and got["s"].dtype == np.uint8
     tl.save(tmp_path / "b.tl", got)
     d1, d2 = (json.loads((tmp_path / f).read_text())["tensors"] for f in ("a.tl", "b.tl"))
@@ -129,7 +129,7 @@ def test_convert_through_npz_keeps_fp4(tmp_path):
     convert(tmp_path / "a.tl", tmp_path / "a.npz")
     convert(tmp_path / "a.npz", tmp_path / "b.tl")
     w = tl.load(tmp_path / "b.tl")["w"]
-    assert _dtypes.from_numpy(w.dtype) is FP4 and w.tobytes() == a.tobytes()
+    assert dtypes.from_numpy(w.dtype) is FP4 and w.tobytes() == a.tobytes()
 
 
 @pytest.fixture

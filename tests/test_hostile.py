@@ -142,7 +142,7 @@ def test_sixty_four_dims_still_load(tmp_path):
 @pytest.mark.parametrize("how", ["load", "load-copy", "open-item", "open-empty", "memory-url"])
 def test_forty_dims_load_or_name_what_this_numpy_holds(tmp_path, how):
     """Valid at 33-64 dims: numpy 2 makes the array; numpy 1.x (32 dims at most) gets a FormatError naming it."""
-    from tensorlist._datafile import NUMPY_MAX_DIMS
+    from tensorlist._storage.datafile import NUMPY_MAX_DIMS
 
     desc = _descriptor(dims=[1] * 39 + [2])
     desc["tensors"][0]["name"] = "deep"
@@ -348,7 +348,7 @@ def test_two_processes_saving_one_path_end_with_one_complete_file(tmp_path):
 # --- one nesting limit, in the parser, for every reader and writer -----------------------------
 
 def test_the_depth_limit_is_the_c_scanners():
-    from tensorlist._jsonio import MAX_DEPTH
+    from tensorlist._base.jsonio import MAX_DEPTH
 
     src = open(os.path.join(os.path.dirname(__file__), "..", "csrc", "descriptor.c")).read()
     assert f"#define MAX_DEPTH {MAX_DEPTH}\n" in src
@@ -356,7 +356,7 @@ def test_the_depth_limit_is_the_c_scanners():
 
 @pytest.mark.parametrize("depth", [257, 600, 5000])
 def test_deep_documents_are_one_format_error_everywhere(tmp_path, depth):
-    from tensorlist._jsonio import MAX_DEPTH
+    from tensorlist._base.jsonio import MAX_DEPTH
 
     meta = json.dumps({"formatVersion": 1, "tensors": [], "location": "d.data", "byteOffset": 0, "byteLength": 0})
     deep = "[" * (depth - 1) + "]" * (depth - 1)
@@ -455,7 +455,7 @@ def test_the_sweep_does_not_block_on_a_fifo_named_like_a_leftover(tmp_path):
 
 @pytest.mark.parametrize("where", ["save", "Writer", "save_document-top", "save_document-nested"])
 def test_metadata_depth_counts_where_it_sits_in_the_file(tmp_path, where):
-    from tensorlist._jsonio import MAX_DEPTH
+    from tensorlist._base.jsonio import MAX_DEPTH
 
     def nested(levels):
         v = []
@@ -495,7 +495,7 @@ def test_a_closed_reader_releases_its_data_file(tmp_path, mmap):
 
 
 def test_weights_hash_refuses_a_lone_surrogate_name_clearly():
-    from tensorlist.record import weights_sha256
+    from tensorlist.provenance.record import weights_sha256
 
     with pytest.raises(ValueError, match="not valid Unicode"):
         weights_sha256({"w\udc80": np.ones(2)})

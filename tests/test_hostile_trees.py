@@ -37,7 +37,7 @@ import jax.numpy as jnp  # noqa: E402
 
 import tensorlist as tl  # noqa: E402
 import tensorlist.jax as tlj  # noqa: E402
-from tensorlist._jsonio import resolve_pointer, set_at_pointer, walk  # noqa: E402
+from tensorlist._base.jsonio import resolve_pointer, set_at_pointer, walk  # noqa: E402
 from tensorlist.cli import main  # noqa: E402
 from tensorlist.dcp.layout import METADATA_NAME  # noqa: E402
 from tensorlist.errors import FormatError  # noqa: E402

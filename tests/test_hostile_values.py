@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 import tensorlist as tl
-from tensorlist._jsonio import MAX_INDEX_DIGITS, array_index, walk
+from tensorlist._base.jsonio import set_at_pointer
+from tensorlist._base.jsonio import MAX_INDEX_DIGITS, array_index, walk
 from tensorlist.convert import NPZ_SIDECAR, open_source
 
 HOSTILE = {
@@ -39,7 +40,7 @@ def _mutations(doc):
             continue
         for name, value in HOSTILE.items():
             copy = json.loads(json.dumps(doc))
-            tl._jsonio.set_at_pointer(copy, ptr, value)
+            set_at_pointer(copy, ptr, value)
             yield ptr, name, copy
 
 
@@ -169,7 +170,7 @@ def test_any_value_anywhere_in_a_hugging_face_index_is_read_or_a_format_error(tm
 
 def test_any_value_anywhere_in_a_training_record_is_read_or_a_format_error(tmp_path):
     from _record_support import full_record
-    from tensorlist.record import read_training_record, validate_training_record
+    from tensorlist.provenance.record import read_training_record, validate_training_record
 
     record = full_record()
     validate_training_record(record)
@@ -180,10 +181,10 @@ def test_any_value_anywhere_in_a_training_record_is_read_or_a_format_error(tmp_p
 
 
 MODEL_FILE_READERS = {
-    "verify_model_file": lambda p: __import__("tensorlist.record", fromlist=["x"]).verify_model_file(p),
-    "lineage": lambda p: __import__("tensorlist.lineage", fromlist=["x"]).lineage(p),
-    "cyclonedx_bom": lambda p: __import__("tensorlist.exports", fromlist=["x"]).cyclonedx_bom(p),
-    "model_card": lambda p: __import__("tensorlist.exports", fromlist=["x"]).model_card(p),
+    "verify_model_file": lambda p: __import__("tensorlist.provenance.record", fromlist=["x"]).verify_model_file(p),
+    "lineage": lambda p: __import__("tensorlist.provenance.lineage", fromlist=["x"]).lineage(p),
+    "cyclonedx_bom": lambda p: __import__("tensorlist.provenance.exports", fromlist=["x"]).cyclonedx_bom(p),
+    "model_card": lambda p: __import__("tensorlist.provenance.exports", fromlist=["x"]).model_card(p),
 }
 
 
@@ -191,7 +192,7 @@ MODEL_FILE_READERS = {
 def test_any_value_anywhere_in_a_model_file_s_records_is_read_or_a_format_error(tmp_path, reader):
     """The training and data records of a model file whose weights match, through every reader of model files."""
     from _record_support import full_record
-    from tensorlist.record import weights_sha256
+    from tensorlist.provenance.record import weights_sha256
 
     weights = {"w": np.ones(2, np.float32)}
     record = full_record()

@@ -18,7 +18,7 @@ from _hf_support import Tokens, tiny_gpt2  # noqa: E402
 from tensorlist import huggingface as hf  # noqa: E402
 from tensorlist.cli import main as cli_main  # noqa: E402
 from tensorlist.errors import FormatError  # noqa: E402
-from tensorlist.record import RecordWarning, read_training_record, verify_model_file, weights_sha256  # noqa: E402
+from tensorlist.provenance.record import RecordWarning, read_training_record, verify_model_file, weights_sha256  # noqa: E402
 
 #: Steps in an epoch of the Accelerate runs (32 samples, batches of 8).
 STEPS_PER_EPOCH = 4
@@ -277,7 +277,7 @@ def test_accelerate_model_file_carries_a_record_that_the_cli_reads(tmp_path, cap
 
 
 def test_accelerate_record_from_a_recorder(tmp_path):
-    from tensorlist.record import TrainingRecorder
+    from tensorlist.provenance.record import TrainingRecorder
 
     acc, counter, model, opt, loader, sched = _accelerate_run()
     plain = acc.unwrap_model(model)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import tensorlist
-from tensorlist import _tree
+from tensorlist._base import tree as _tree
 from tensorlist.errors import FormatError
 
 try:
@@ -217,7 +217,7 @@ class TestDtypes:
             assert float(full["f"][0]) == 1 / 3
 
     def test_bridge_put_aliases_aligned_views_only(self):
-        from tensorlist import _jax_bridge
+        from tensorlist._bridges import jax as _jax_bridge
 
         buf = np.zeros(4096 + 128, np.uint8)
         start = -buf.ctypes.data % _jax_bridge.XLA_ALIGNMENT
@@ -230,7 +230,7 @@ class TestDtypes:
             assert _jax_bridge.put(off, None, "w").addressable_data(0).unsafe_buffer_pointer() != off.ctypes.data
 
     def test_bridge_refusals(self):
-        from tensorlist import _jax_bridge
+        from tensorlist._bridges import jax as _jax_bridge
 
         with pytest.raises(TypeError, match="tensor 'o': jax cannot hold dtype object"):
             _jax_bridge.check_dtype(np.dtype(object), "o")
@@ -631,7 +631,7 @@ def test_converted_file_loads_as_the_same_tree(tmp_path):
 def test_a_sharded_save_loads_back_through_the_same_entry_points(tmp_path):
     """``sharded=True`` writes a checkpoint directory; ``load`` of it takes ``device=``, ``verify=`` and targets."""
     import tensorlist.jax as tlj
-    from tensorlist import dcp_read
+    from tensorlist import dcp as dcp_read
 
     tree = {"w": jnp.ones((2, 2)), "opt": (np.zeros(3, np.float32), None)}
     tlj.save(tmp_path / "ckpt", tree, sharded=True, metadata={"step": 2}, durable=False)

@@ -1,4 +1,4 @@
-"""Sharded jax.Arrays saved in the DCP layout and loaded onto other meshes (tensorlist._jax_shards).
+"""Sharded jax.Arrays saved in the DCP layout and loaded onto other meshes (tensorlist.dcp.jax_shards).
 
 In this process: 4 forced CPU devices (tests/conftest.py sets XLA_FLAGS before jax is imported), saves on
 2x2 and 4x1 meshes (replicated axes included), loads on 2 devices, on 1 and with another partitioning,
@@ -23,8 +23,8 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import tensorlist as tl
-from tensorlist import dcp_read
-from tensorlist._jax_shards import open_dir, plan_chunks, save_dir
+from tensorlist import dcp as dcp_read
+from tensorlist.dcp.jax_shards import open_dir, plan_chunks, save_dir
 from tensorlist.errors import FormatError
 
 from _jax_shard_script import HEADER, USER_METADATA, assert_same, values

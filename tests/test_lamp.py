@@ -17,7 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tensorlist as tl
-from tensorlist._jsonio import dumps_lamp, lamp_float
+from tensorlist._base.jsonio import loads_strict
+from tensorlist._base.jsonio import dumps_lamp, lamp_float
 
 # --- golden files -----------------------------------------------------------------------------
 
@@ -346,4 +347,4 @@ json_values = st.recursive(
 @given(json_values)
 def test_dumps_lamp_round_trips_through_strict_json(obj):
     text = dumps_lamp(obj)
-    assert tl._jsonio.loads_strict(text) == obj
+    assert loads_strict(text) == obj

@@ -22,7 +22,7 @@ import tensorlist as tl  # noqa: E402
 from tensorlist.errors import FormatError  # noqa: E402
 from tensorlist.lightning import (META_NAME, TensorListCheckpointIO, TensorListFSDPStrategy,  # noqa: E402
                                   TensorListModelParallelStrategy, convert_checkpoint)
-from tensorlist.record import read_training_record, weights_sha256  # noqa: E402
+from tensorlist.provenance.record import read_training_record, weights_sha256  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "_lightning_script.py")
@@ -129,7 +129,7 @@ def test_truncated_or_lying_checkpoint_names_the_file(tmp_path):
 
 
 def test_crash_mid_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
-    import tensorlist._commit as commit
+    import tensorlist._storage.commit as commit
 
     path = tmp_path / "last.ckpt"
     io = TensorListCheckpointIO()
@@ -224,7 +224,7 @@ def test_sharded_save_killed_in_place_keeps_the_previous_checkpoint(tmp_path, mo
                          ids=["model_parallel", "fsdp"])
 def test_a_sharded_save_records_provenance_by_itself(tmp_path, make):
     """No callback: the meta document carries the record a Lightning dict gives (weights' hash null: sharded)."""
-    from tensorlist.record import read_training_record
+    from tensorlist.provenance.record import read_training_record
 
     strategy, path = make(), tmp_path / "last.ckpt"
     sgd = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.5)

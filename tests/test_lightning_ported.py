@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 import tensorlist as tl  # noqa: E402
 from tensorlist.lightning import TensorListAsyncCheckpointIO, TensorListCheckpointIO, load_from_checkpoint  # noqa: E402
-from tensorlist.record import read_training_record, verify_model_file, weights_sha256  # noqa: E402
+from tensorlist.provenance.record import read_training_record, verify_model_file, weights_sha256  # noqa: E402
 
 PLUGINS = {"torch": TorchCheckpointIO, "tensorlist": TensorListCheckpointIO}
 #: Lightning's own warnings for a tiny run (few batches, no workers, no logger) say nothing about checkpoints.

@@ -19,11 +19,11 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="these tests train models (pip install 'tensorlist[torch]')")
 
-import tensorlist
+import tensorlist.provenance
 from tensorlist import loops
 from tensorlist.errors import FormatError
-from tensorlist.lineage import DIRECTORY_SIGNATURE, MAX_LINEAGE_DEPTH, LineageError, lineage
-from tensorlist.record import (
+from tensorlist.provenance.lineage import DIRECTORY_SIGNATURE, MAX_LINEAGE_DEPTH, LineageError, lineage
+from tensorlist.provenance.record import (
     TrainingRecorder,
     model_file_origin,
     read_training_record,
@@ -250,9 +250,9 @@ def test_url_origins_and_hostile_recorded_names(chain, tmp_path):
 
 
 def test_signatures_are_found_and_checked_through_the_signing_hook(chain, tmp_path, monkeypatch):
-    """The hook calls ``tensorlist.signing.verify(path, public_key=, signature=)`` for each signature found.
+    """The hook calls ``tensorlist.provenance.signing.verify(path, public_key=, signature=)`` for each signature found.
 
-    ``tensorlist.signing`` (the [sign] extra) is another module's; this stands in for it so that the hook's
+    ``tensorlist.provenance.signing`` (the [sign] extra) is another module's; this stands in for it so that the hook's
     calls, and a refusal it reports, are checked here.
     """
     with open(chain.ft1 + ".sig", "w") as f:
@@ -268,8 +268,8 @@ def test_signatures_are_found_and_checked_through_the_signing_hook(chain, tmp_pa
             raise FormatError("the digest of final.tl differs", file=signature)
         return True
 
-    monkeypatch.setitem(sys.modules, "tensorlist.signing", types.SimpleNamespace(verify=verify))
-    monkeypatch.setattr(tensorlist, "signing", sys.modules["tensorlist.signing"], raising=False)
+    monkeypatch.setitem(sys.modules, "tensorlist.provenance.signing", types.SimpleNamespace(verify=verify))
+    monkeypatch.setattr(tensorlist.provenance, "signing", sys.modules["tensorlist.provenance.signing"], raising=False)
     unchecked = lineage(chain.ft2, root=chain.runs).check()
     assert [k.signature_verified for k in unchecked.links] == [None, None, None] and not calls
     assert os.path.realpath(unchecked.links[1].signature) == os.path.realpath(chain.ft1 + ".sig")
@@ -316,11 +316,11 @@ def test_an_origin_that_is_not_a_model_file(chain, kind):
 
 
 def test_a_key_without_the_signing_module_is_one_clear_error(chain, monkeypatch):
-    """Signatures found and a key given, but tensorlist.signing cannot be imported: say which extra, not 'verified'."""
+    """Signatures found and a key given, but tensorlist.provenance.signing cannot be imported: say which extra, not 'verified'."""
     with open(chain.ft1 + ".sig", "w") as f:
         f.write("{}")
-    monkeypatch.setitem(sys.modules, "tensorlist.signing", None)  # import fails, as without the [sign] extra
-    monkeypatch.delattr(tensorlist, "signing", raising=False)
+    monkeypatch.setitem(sys.modules, "tensorlist.provenance.signing", None)  # import fails, as without the [sign] extra
+    monkeypatch.delattr(tensorlist.provenance, "signing", raising=False)
     with pytest.raises(ImportError, match=r"tensorlist\[sign\]"):
         lineage(chain.ft2, root=chain.runs, public_key="team.pub")
 
@@ -333,7 +333,7 @@ def test_a_lightning_checkpoint_as_origin_is_followed_and_its_weights_hashed_aga
     import _lightning_script
 
     from tensorlist.lightning import TensorListCheckpointIO
-    from tensorlist.record import CHECKPOINT_WEIGHTS
+    from tensorlist.provenance.record import CHECKPOINT_WEIGHTS
 
     runs = tmp_path / "runs"
     _lightning_script.fit(runs / "pl", 1, plugins=[TensorListCheckpointIO()])

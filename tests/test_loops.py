@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch", reason="these tests need torch (pip install
 
 import tensorlist as tl
 import tensorlist.loops as loops
-from tensorlist.record import read_training_record, verify_model_file
+from tensorlist.provenance.record import read_training_record, verify_model_file
 
 F = torch.nn.functional
 

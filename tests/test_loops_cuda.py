@@ -7,7 +7,7 @@ torch = pytest.importorskip("torch", reason="these tests need torch (pip install
 import tensorlist.loops as loops
 import tensorlist.torch as tt
 from tensorlist.loops import read_checkpoint
-from tensorlist.record import verify_model_file
+from tensorlist.provenance.record import verify_model_file
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 F = torch.nn.functional

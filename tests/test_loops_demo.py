@@ -7,7 +7,7 @@ torch = pytest.importorskip("torch", reason="these tests need torch (pip install
 
 from tensorlist.loops import read_checkpoint
 from tensorlist.loops.demo import moving_patterns, run_demo
-from tensorlist.record import verify_model_file
+from tensorlist.provenance.record import verify_model_file
 
 
 def test_moving_patterns_directions():

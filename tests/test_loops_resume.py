@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch", reason="these tests need torch (pip install
 
 import tensorlist as tl
 from tensorlist.loops import read_checkpoint
-from tensorlist.record import verify_model_file
+from tensorlist.provenance.record import verify_model_file
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "_loop_script.py")
 

@@ -21,8 +21,8 @@ pytest.importorskip("torch.distributed.checkpoint", reason="sharded checkpoints 
 
 import tensorlist as tl  # noqa: E402
 import tensorlist.loops as loops  # noqa: E402
-from tensorlist.dcp_read import METADATA_NAME, read_metadata, validate_checkpoint  # noqa: E402
-from tensorlist.record import verify_model_file  # noqa: E402
+from tensorlist.dcp import METADATA_NAME, read_metadata, validate_checkpoint  # noqa: E402
+from tensorlist.provenance.record import verify_model_file  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "_sharded_script.py")
@@ -330,7 +330,7 @@ def test_read_checkpoint_reads_a_sharded_checkpoint_for_inspection(tmp_path):
     verify_model_file(tmp_path / "final.json")
     verify_model_file(tmp_path / "best_validation.json")
     # the same numbers through the torch-free reader of tensorlist.dcp
-    from tensorlist.dcp_read import read_full
+    from tensorlist.dcp import read_full
     flat = read_full(tmp_path / "checkpoint.dcp")
     assert np.array_equal(flat["model.0.weight"], doc["model"]["0.weight"])
     assert json.loads(flat["loop"])["epoch"] == 2

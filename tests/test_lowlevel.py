@@ -1,6 +1,6 @@
-"""C-level tests through tensorlist._lowlevel: CRC32C, padded writes, parallel reads, layout checks.
+"""C-level tests through tensorlist._base.lowlevel: CRC32C, padded writes, parallel reads, layout checks.
 
-These exercise the C core directly (csrc/tensorlist.c), below the format and reader layers, so a
+These exercise the C core directly (csrc/), below the format and reader layers, so a
 regression shows up here with the smallest possible surface.
 """
 import errno
@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tensorlist import _lowlevel
+from tensorlist._base import lowlevel as _lowlevel
 from tensorlist._core import ffi, lib
 
 # --- CRC32C ---------------------------------------------------------------------------------------
@@ -377,11 +377,11 @@ def test_every_release_still_works_once_teardown_cleared_the_module(tmp_path, mo
 
 def test_every_c_owned_region_is_released_through_owned():
     """One ffi.gc in the package, in ``_lowlevel.owned``, and no other finalizer to fail at exit."""
-    package = Path(_lowlevel.__file__).parent
+    package = Path(_lowlevel.__file__).parent.parent
     found = [(p.relative_to(package).as_posix(), n) for p in sorted(package.rglob("*.py"))
              for n, line in enumerate(p.read_text().splitlines(), 1)
              if re.search(r"ffi\.gc\(|weakref\.finalize|atexit\.register", line)]
-    assert len(found) == 1 and found[0][0] == "_lowlevel.py", found
+    assert len(found) == 1 and found[0][0] == "_base/lowlevel.py", found
 
 
 @pytest.mark.slow

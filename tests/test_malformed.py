@@ -20,10 +20,11 @@ import numpy as np
 import pytest
 
 import tensorlist as tl
-from tensorlist import _dtypes, _lowlevel
+from tensorlist._base import dtypes
+from tensorlist._base import lowlevel
 from tensorlist import format as fmt
 from tensorlist._core import lib
-from tensorlist._jsonio import loads_strict
+from tensorlist._base.jsonio import loads_strict
 from tensorlist.schema import load_schema, schema_validator
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -543,7 +544,7 @@ GOOD = [
     ("max-offset", _lst(byteOffset=2**63 - 4096, byteLength=0)),
     ("subdir-location", _lst(location="sub/dir/d.data")),
     *[(f"dtype-{d.name}", _lst(tensors=[_t(dataType=d.code, dims=[3], byteLength=3 * d.itemsize)]))
-      for d in _dtypes.DTYPES],
+      for d in dtypes.DTYPES],
 ]
 
 BAD = [
@@ -651,10 +652,10 @@ def test_check_schema(schema_file):
 
 def test_schema_dtype_enum_equals_the_dtype_table():
     tensor = load_schema()["$defs"]["tensor"]["properties"]["dataType"]
-    assert tensor["enum"] == [d.code for d in _dtypes.DTYPES]
+    assert tensor["enum"] == [d.code for d in dtypes.DTYPES]
     described = dict((int(c), n) for c, n in re.findall(r"(\d+) (\w+)", tensor["description"]))
-    assert described == {d.code: d.name for d in _dtypes.DTYPES}
-    assert not set(_dtypes.UNSUPPORTED_CODES) & {d.code for d in _dtypes.DTYPES}
+    assert described == {d.code: d.name for d in dtypes.DTYPES}
+    assert not set(dtypes.UNSUPPORTED_CODES) & {d.code for d in dtypes.DTYPES}
 
 
 def test_schema_numbers_equal_the_format_constants():
@@ -694,13 +695,13 @@ def _structs(text):
 def test_c_constants_agree_with_python_and_the_header():
     header = (ROOT / "csrc" / "tensorlist.h").read_text()
     defines = _defines(header)
-    assert defines["TL_LIST_ALIGNMENT"] == fmt.LIST_ALIGNMENT == _lowlevel.LIST_ALIGNMENT == tl.LIST_ALIGNMENT == 4096
-    assert defines["TL_MIN_TENSOR_ALIGNMENT"] == fmt.MIN_TENSOR_ALIGNMENT == _lowlevel.MIN_TENSOR_ALIGNMENT \
+    assert defines["TL_LIST_ALIGNMENT"] == fmt.LIST_ALIGNMENT == lowlevel.LIST_ALIGNMENT == tl.LIST_ALIGNMENT == 4096
+    assert defines["TL_MIN_TENSOR_ALIGNMENT"] == fmt.MIN_TENSOR_ALIGNMENT == lowlevel.MIN_TENSOR_ALIGNMENT \
         == tl.MIN_TENSOR_ALIGNMENT == 8
     for name, value in defines.items():
         assert getattr(lib, name) == value, name  # the compiled core agrees with its header
-    la = _lowlevel.ffi.new("int64_t *")
-    ma = _lowlevel.ffi.new("int64_t *")
+    la = lowlevel.ffi.new("int64_t *")
+    ma = lowlevel.ffi.new("int64_t *")
     assert lib.tl_constants(la, ma) == 0 and (la[0], ma[0]) == (4096, 8)
     assert fmt.DEFAULT_ALIGNMENT % fmt.MIN_TENSOR_ALIGNMENT == 0 and fmt.MAX_INT == 2**63 - 1
 
@@ -712,4 +713,4 @@ def test_cdef_declares_what_the_header_declares():
     assert _prototypes(cdef) == _prototypes(header)
     assert len(_prototypes(header)) >= 14
     assert _structs(cdef) == _structs(header) and set(_structs(header)) >= {"tl_span", "tl_write_item"}
-    assert _lowlevel.ffi.sizeof("tl_span") == _lowlevel.SPAN_DTYPE.itemsize
+    assert lowlevel.ffi.sizeof("tl_span") == lowlevel.SPAN_DTYPE.itemsize

@@ -11,8 +11,8 @@ ml_dtypes = pytest.importorskip("ml_dtypes", reason="bfloat16 and float8 arrays 
 from _framework_support import bits as _bits, sample as _sample  # noqa: E402
 import tensorlist as tl  # noqa: E402
 import tensorlist.mlx as tm  # noqa: E402
-from tensorlist import _dtypes  # noqa: E402
-from tensorlist._mlx_bridge import AS_BYTES, HELD  # noqa: E402
+from tensorlist._base import dtypes
+from tensorlist._bridges.mlx import AS_BYTES, HELD  # noqa: E402
 from tensorlist.errors import FormatError, UnsupportedDTypeError  # noqa: E402
 
 REFUSED = {"complex128", "float8_e5m2", "float8_e5m2fnuz", "float8_e4m3fnuz", "float8_e8m0fnu",
@@ -20,7 +20,7 @@ REFUSED = {"complex128", "float8_e5m2", "float8_e5m2fnuz", "float8_e4m3fnuz", "f
 
 
 def test_every_table_dtype_is_held_or_refused():
-    assert set(HELD) | set(AS_BYTES) | REFUSED == {d.name for d in _dtypes.DTYPES}
+    assert set(HELD) | set(AS_BYTES) | REFUSED == {d.name for d in dtypes.DTYPES}
     assert not (set(HELD) | set(AS_BYTES)) & REFUSED and not set(HELD) & set(AS_BYTES)
 
 
@@ -44,7 +44,7 @@ def test_every_held_dtype_round_trips_bit_exact(tmp_path, name, shape):
     assert x.dtype == HELD[name] and tuple(x.shape) == shape
     tm.save(tmp_path / "m.tl", {"x": x})
     on_disk = tl.load(tmp_path / "m.tl")["x"]
-    assert _dtypes.from_numpy(on_disk.dtype).name == name and _bits(on_disk) == _bits(a)
+    assert dtypes.from_numpy(on_disk.dtype).name == name and _bits(on_disk) == _bits(a)
     back = tm.load(tmp_path / "m.tl")["x"]
     assert back.dtype == HELD[name] and tuple(back.shape) == shape
     assert _bits(tm.to_numpy(back)) == _bits(a)

@@ -1,12 +1,12 @@
 """BigDL-style utilities and ConvLSTMPeephole (shapes, gradients, a hand-computed step)."""
 import pytest
 
-torch = pytest.importorskip("torch", reason="tensorlist.nn needs torch (pip install 'tensorlist[torch]')")
+torch = pytest.importorskip("torch", reason="tensorlist.loops.nn needs torch (pip install 'tensorlist[torch]')")
 import torch.nn.functional as F  # noqa: E402
 
 import tensorlist as tl  # noqa: E402
-from tensorlist import nn as tnn  # noqa: E402
-from tensorlist.record import build_training_record, verify_model_file  # noqa: E402
+from tensorlist.loops import nn as tnn
+from tensorlist.provenance.record import build_training_record, verify_model_file  # noqa: E402
 
 # one torch thread: the _one_thread fixture of conftest.py
 

@@ -19,7 +19,7 @@ import jax.numpy as jnp  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding  # noqa: E402
 
 import tensorlist  # noqa: E402
-import tensorlist.dcp_read  # noqa: E402,F401 (tensorlist.dcp_read.validate_checkpoint below)
+import tensorlist.dcp  # noqa: E402,F401 (tensorlist.dcp.validate_checkpoint below)
 from tensorlist.orbax import (  # noqa: E402
     SHARDED_DIR,
     TREE_FILE,
@@ -326,7 +326,7 @@ def test_a_sharded_item_through_the_manager_restores_onto_another_sharding(tmp_p
         mngr.wait_until_finished()
         item = tmp_path / "run" / "0" / "default"
         assert SHARDED_DIR in os.listdir(item) and TREE_FILE not in os.listdir(item)
-        ckpt = tensorlist.dcp_read.validate_checkpoint(item / SHARDED_DIR, verify=True)
+        ckpt = tensorlist.dcp.validate_checkpoint(item / SHARDED_DIR, verify=True)
         assert [len(ckpt.tensors[n].chunks) for n in ("dense/kernel", "embed/table", "scale")] == [4, 4, 1]
         assert ckpt.tree["metadata"] == {"lr": 0.5}
         abstract = mngr.item_metadata(0)
@@ -384,7 +384,7 @@ def test_sharded_false_refuses_a_leaf_spanning_processes(tmp_path, monkeypatch):
 
 def test_the_metadata_of_a_sharded_item_without_a_tree_is_none(tmp_path):
     """A ``tree/`` checkpoint whose metadata holds no tree header (written by another tool) has no abstract tree."""
-    from tensorlist._jax_shards import save_dir
+    from tensorlist.dcp.jax_shards import save_dir
 
     save_dir(tmp_path / SHARDED_DIR, {"w": jnp.ones(4)}, None)
     assert TensorListCheckpointHandler().metadata(tmp_path) is None

@@ -6,8 +6,8 @@ file systems under qemu, this module included) in .ci/foreign.sh. Here: the buil
 C driver's corpus table against the conformance manifest, the numpy mirrors of C's structs, and the
 big-endian branch forced on this host.
 
-What forcing ``_dtypes.NATIVE_LITTLE = False`` on a little-endian host can catch: a writer, converter
-or hash that decides to swap without asking ``_dtypes``, or swaps wrongly (the bytes on disk are
+What forcing ``dtypes.NATIVE_LITTLE = False`` on a little-endian host can catch: a writer, converter
+or hash that decides to swap without asking ``dtypes``, or swaps wrongly (the bytes on disk are
 compared). What it cannot: memory numpy shares with C described in the file's order (``"<"``) instead
 of the host's, since ``"<"`` *is* native here; numpy or ml_dtypes behaving differently on a big-endian
 CPU; anything that asks ``sys.byteorder`` itself. Those only a big-endian interpreter finds: on s390x
@@ -26,9 +26,11 @@ import numpy as np
 import pytest
 
 import tensorlist as tl
-from tensorlist import _dtypes, _items, _lowlevel
+from tensorlist._base import dtypes
+from tensorlist._storage import items as _items
+from tensorlist._base import lowlevel
 from tensorlist._core import ffi
-from tensorlist.record.hash import weights_sha256
+from tensorlist.provenance.record.hash import weights_sha256
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "csrc" / "build_ffi.py"
@@ -89,7 +91,7 @@ def test_the_c_driver_passes_natively_over_the_whole_corpus(tmp_path):
 
 @pytest.mark.parametrize("mirror, ctype", [("SPAN_DTYPE", "tl_span"), ("ITEM_DTYPE", "tl_write_item")])
 def test_the_numpy_mirror_of_each_c_struct_is_native_and_laid_out_as_c(mirror, ctype):
-    dt = getattr(_lowlevel, mirror)
+    dt = getattr(lowlevel, mirror)
     assert dt.itemsize == ffi.sizeof(ctype)
     assert [name for name, _ in ffi.typeof(ctype).fields] == list(dt.names)
     for name, field in ffi.typeof(ctype).fields:
@@ -102,22 +104,22 @@ def test_the_numpy_mirror_of_each_c_struct_is_native_and_laid_out_as_c(mirror, c
 def test_a_struct_mirror_in_the_other_byte_order_or_layout_stops_the_import(field):
     foreign = ">" if sys.byteorder == "little" else "<"  # "<" on a big-endian host: the bug this catches
     good = [("offset", np.int64), ("length", np.int64), ("itemsize", np.int64)]
-    assert _lowlevel._mirror("tl_span", good) == _lowlevel.SPAN_DTYPE
+    assert lowlevel._mirror("tl_span", good) == lowlevel.SPAN_DTYPE
     swapped = [(n, field[1].format(foreign) if n == field[0] else t) for n, t in good]
     with pytest.raises(ImportError, match="different layout of tl_span"):
-        _lowlevel._mirror("tl_span", swapped)
+        lowlevel._mirror("tl_span", swapped)
     with pytest.raises(ImportError, match="different layout of tl_span"):
-        _lowlevel._mirror("tl_span", [("offset", np.int64), ("length", np.int32), ("itemsize", np.int64)])
+        lowlevel._mirror("tl_span", [("offset", np.int64), ("length", np.int32), ("itemsize", np.int64)])
     with pytest.raises(ImportError, match="different layout of tl_span"):
-        _lowlevel._mirror("tl_span", [("offset", np.int64), ("itemsize", np.int64), ("length", np.int64)])
+        lowlevel._mirror("tl_span", [("offset", np.int64), ("itemsize", np.int64), ("length", np.int64)])
 
 
 def test_c_reads_the_layout_check_spans_in_the_host_order():
     # offsets and lengths whose bytes read differently swapped: C must see these values
-    spans = np.zeros(2, _lowlevel.SPAN_DTYPE)
+    spans = np.zeros(2, lowlevel.SPAN_DTYPE)
     spans["offset"], spans["length"], spans["itemsize"] = [0, 256], [8, 16], [4, 4]
-    assert _lowlevel.check_layout(spans, 512, 8)[0] == 0
-    assert _lowlevel.check_layout(spans, 271, 8)[:2] == (_lowlevel.lib.TL_ERR_BOUNDS, 1)
+    assert lowlevel.check_layout(spans, 512, 8)[0] == 0
+    assert lowlevel.check_layout(spans, 271, 8)[:2] == (lowlevel.lib.TL_ERR_BOUNDS, 1)
 
 
 # --- byte order: a big-endian host's branches, forced on this machine ---------------------------------
@@ -140,8 +142,8 @@ def _as_big_host_holds(v: np.ndarray) -> np.ndarray:
 
 @pytest.fixture
 def big_endian_host(monkeypatch):
-    """The Python layer's one byte-order question (``_dtypes.NATIVE_LITTLE``) answered "big"."""
-    monkeypatch.setattr(_dtypes, "NATIVE_LITTLE", False)
+    """The Python layer's one byte-order question (``dtypes.NATIVE_LITTLE``) answered "big"."""
+    monkeypatch.setattr(dtypes, "NATIVE_LITTLE", False)
     monkeypatch.setattr(_items, "_DTYPE_CACHE", {})  # the swap decisions cached for this host's answer
     monkeypatch.setattr(_items, "_DTYPE_BY_ID", {})
     return monkeypatch
@@ -154,9 +156,9 @@ def _stored_bytes(path) -> dict:
 
 
 def test_is_little_answers_for_the_host_it_is_told():
-    assert _dtypes.is_little(np.dtype("<f4")) and not _dtypes.is_little(np.dtype(">f4"))
-    assert _dtypes.is_little(np.dtype("u1")) and _dtypes.is_little(np.dtype("?"))
-    assert _dtypes.is_little(np.dtype("=i8")) == (sys.byteorder == "little")
+    assert dtypes.is_little(np.dtype("<f4")) and not dtypes.is_little(np.dtype(">f4"))
+    assert dtypes.is_little(np.dtype("u1")) and dtypes.is_little(np.dtype("?"))
+    assert dtypes.is_little(np.dtype("=i8")) == (sys.byteorder == "little")
 
 
 @pytest.mark.parametrize("how", ["save", "writer"])
@@ -194,7 +196,7 @@ def test_a_big_endian_host_converts_its_native_arrays_to_little_endian_entries(b
 
     for k, v in VALUES.items():
         native = _as_big_host_holds(v)
-        a = Entry(k, _dtypes.from_numpy(v.dtype), v.shape, lambda native=native: native).array()
+        a = Entry(k, dtypes.from_numpy(v.dtype), v.shape, lambda native=native: native).array()
         assert a.tobytes() == v.astype(v.dtype.newbyteorder("<")).tobytes() and np.array_equal(a, v), k
         assert native.tobytes() == _as_big_host_holds(v).tobytes()  # a copy: the source is untouched
 
@@ -204,7 +206,7 @@ def test_a_big_endian_host_loads_onto_a_device_through_numpy(tmp_path, big_endia
     path = tmp_path / "d.tl"
     big_endian_host.undo()
     tl.save(path, {k: v for k, v in VALUES.items() if k != "c8"})
-    big_endian_host.setattr(_dtypes, "NATIVE_LITTLE", False)  # the staging path's big-endian branch
+    big_endian_host.setattr(dtypes, "NATIVE_LITTLE", False)  # the staging path's big-endian branch
     got = tl.load(path, device="cpu")
     for k, v in VALUES.items():
         if k != "c8":

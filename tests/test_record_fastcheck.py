@@ -17,11 +17,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from _record_support import full_record
-from tensorlist._jsonio import loads_strict
+from tensorlist._base.jsonio import loads_strict
 from tensorlist.errors import FormatError
-from tensorlist.record import read_training_record, save_model_file, validate_training_record, verify_model_file
-from tensorlist.record.core import _cross_checks, _schema_error, check_strict_json
-from tensorlist.record.fastcheck import suspects
+from tensorlist.provenance.record import read_training_record, save_model_file, validate_training_record, verify_model_file
+from tensorlist.provenance.record.core import _cross_checks, _schema_error, check_strict_json
+from tensorlist.provenance.record.fastcheck import suspects
 from tensorlist.schema import load_schema
 
 SCHEMA = jsonschema.Draft202012Validator(load_schema("training-record.schema.json"))
@@ -235,7 +235,7 @@ LIMITED = textwrap.dedent("""
     import resource, sys
     resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
     from tensorlist.errors import FormatError
-    from tensorlist.record import read_training_record
+    from tensorlist.provenance.record import read_training_record
     try:
         read_training_record(sys.argv[1])
     except FormatError as e:

@@ -18,7 +18,7 @@ import pytest
 
 from _record_support import full_record
 from tensorlist.errors import FormatError
-from tensorlist.record import (
+from tensorlist.provenance.record import (
     FORMAT,
     TrainingRecord,
     history,
@@ -87,8 +87,8 @@ def test_is_training_record(value, expected):
 
 
 def test_module_imports_without_torch():
-    """tensorlist.record never imports torch by itself."""
-    code = ("import sys, tensorlist.record as r, numpy as np; "
+    """tensorlist.provenance.record never imports torch by itself."""
+    code = ("import sys, tensorlist.provenance.record as r, numpy as np; "
             "r.weights_sha256({'a': np.zeros(2)}); r.history([1.0], 1); "
             "r.validate_training_record; assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
@@ -202,7 +202,7 @@ def test_read_training_record_caps_the_file_size(tmp_path):
 
 def test_nesting_past_the_limit_is_an_error_not_a_recursion_error():
     """Values nested past _jsonio.MAX_DEPTH (or holding themselves) are refused, naming the field."""
-    from tensorlist._jsonio import MAX_DEPTH
+    from tensorlist._base.jsonio import MAX_DEPTH
 
     deep = 1.0
     for _ in range(MAX_DEPTH + 50):

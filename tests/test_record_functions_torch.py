@@ -22,7 +22,7 @@ from torch.utils.data import (
 )
 from torch.utils.data.distributed import DistributedSampler
 
-from tensorlist.record import RecordWarning, history, loader_settings, spec
+from tensorlist.provenance.record import RecordWarning, history, loader_settings, spec
 
 DATA = TensorDataset(torch.arange(10.0).reshape(10, 1))
 

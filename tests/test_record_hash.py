@@ -15,8 +15,8 @@ from hypothesis.extra import numpy as hnp
 import tensorlist
 from _compat import bfloat16_bits, ml_dtypes, needs_ml_dtypes, needs_torch
 from _record_support import reference_sha256
-from tensorlist import _dtypes
-from tensorlist.record import WEIGHTS_HASH_TAG, weights_sha256
+from tensorlist._base import dtypes as _dtypes
+from tensorlist.provenance.record import WEIGHTS_HASH_TAG, weights_sha256
 
 try:
     import torch
@@ -142,7 +142,7 @@ def test_positional_inputs_are_named_by_index():
     (lambda: {"a": np.array(["x"])}, "has no tensorlist dataType"),
     (lambda: {"a": np.zeros(1, dtype=object)}, "has no tensorlist dataType"),
     (lambda: 42, "expected a mapping"),
-    # torch tensors are refused by the package's one torch bridge (tensorlist._torch_bridge)
+    # torch tensors are refused by the package's one torch bridge (tensorlist._bridges.torch)
     pytest.param(lambda: {"a": torch.zeros(2, dtype=torch.complex32)}, "has no tensorlist dataType",
                  marks=needs_torch),
     pytest.param(lambda: {"a": torch.zeros(3).to_sparse()}, r"weights\['a'\]: a sparse tensor .* has no dense bytes",
@@ -226,7 +226,7 @@ def test_torch_bf16_byte_view_never_calls_numpy_on_bfloat16():
     t = torch.tensor([1.5, -2.0], dtype=torch.bfloat16)
     with pytest.raises(TypeError):
         t.numpy()
-    from tensorlist._torch_bridge import to_numpy
+    from tensorlist._bridges.torch import to_numpy
 
     arr = to_numpy(t, "t")
     assert arr.dtype == ml_dtypes.bfloat16 and arr.tolist() == [1.5, -2.0]

@@ -20,8 +20,8 @@ from _record_support import (
     wrong_value,
 )
 from tensorlist.errors import FormatError
-from tensorlist.schema import load_schema as _schema
-from tensorlist.record import (
+from tensorlist.schema import load_schema
+from tensorlist.provenance.record import (
     FORMAT,
     WEIGHTS_HASH_TAG,
     WEIGHTS_KINDS,
@@ -46,7 +46,7 @@ def _walk_schema(node, where="#"):
 @pytest.mark.parametrize("name", SCHEMAS)
 def test_schema_is_valid_draft_2020_12(name):
     """Each schema is itself a valid Draft 2020-12 schema with a versioned $id."""
-    schema = _schema(name)
+    schema = load_schema(name)
     jsonschema.Draft202012Validator.check_schema(schema)
     assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
     assert re.search(r":v1$", schema["$id"])
@@ -55,7 +55,7 @@ def test_schema_is_valid_draft_2020_12(name):
 @pytest.mark.parametrize("name", SCHEMAS)
 def test_every_property_is_described_and_patterns_anchored(name):
     """Every field says what it means; every pattern is anchored."""
-    for where, node in _walk_schema(_schema(name)):
+    for where, node in _walk_schema(load_schema(name)):
         # Conditional parts (if/then/else, allOf) restate fields defined, with
         # their description, beside them; spec_rules' branches define fields.
         restates = re.search(r"/(if|allOf)(/|$)", where) or (
@@ -72,7 +72,7 @@ def test_every_property_is_described_and_patterns_anchored(name):
 
 def test_schema_matches_module_constants():
     """The version marker, the weight kinds and the hash tag agree between schema and code."""
-    schema = _schema("training-record.schema.json")
+    schema = load_schema("training-record.schema.json")
     assert schema["properties"]["format"]["const"] == FORMAT
     assert tuple(schema["properties"]["weights"]["properties"]["kind"]["enum"]) == WEIGHTS_KINDS
     assert len(WEIGHTS_HASH_TAG) == 28
@@ -84,7 +84,7 @@ def test_full_record_is_valid_for_both_validators():
     """The test's full record passes tensorlist's checks and a plain jsonschema validator."""
     record = full_record()
     validate_training_record(record)
-    jsonschema.Draft202012Validator(_schema("training-record.schema.json")).validate(record)
+    jsonschema.Draft202012Validator(load_schema("training-record.schema.json")).validate(record)
 
 
 @pytest.mark.parametrize("path", [p for p in PATHS if not isinstance(p[-1], int)], ids=dotted)
@@ -94,7 +94,7 @@ def test_missing_field_is_rejected_naming_it(path):
     with pytest.raises(FormatError, match=re.escape(f"field {dotted(path)!r}: missing required field")) as info:
         validate_training_record(record)
     assert info.value.field == dotted(path)
-    assert not jsonschema.Draft202012Validator(_schema("training-record.schema.json")).is_valid(record)
+    assert not jsonschema.Draft202012Validator(load_schema("training-record.schema.json")).is_valid(record)
 
 
 @pytest.mark.parametrize("path", PATHS, ids=dotted)
@@ -106,7 +106,7 @@ def test_mistyped_field_is_rejected_naming_it(path):
     with pytest.raises(FormatError, match=re.escape(f"field {dotted(path)!r}:")) as info:
         validate_training_record(record)
     assert info.value.field == dotted(path)
-    assert not jsonschema.Draft202012Validator(_schema("training-record.schema.json")).is_valid(record)
+    assert not jsonschema.Draft202012Validator(load_schema("training-record.schema.json")).is_valid(record)
 
 
 @pytest.mark.parametrize("section", ["", "solver", "optimizer", "initial_weights", "train", "epochs", "weights",
@@ -216,7 +216,7 @@ def test_non_json_types_and_keys_are_rejected():
 ])
 def test_dataset_params_schema(data, ok):
     """A data record is free-form JSON with an optional, checked content hash."""
-    plain = jsonschema.Draft202012Validator(_schema("dataset-params.schema.json")).is_valid(data)
+    plain = jsonschema.Draft202012Validator(load_schema("dataset-params.schema.json")).is_valid(data)
     assert plain is ok
     if ok:
         validate_dataset_params(data)
@@ -241,4 +241,4 @@ def test_generated_records_validate_and_round_trip_through_strict_json(record):
     back = json.loads(text)
     assert back == record
     validate_training_record(back)
-    jsonschema.Draft202012Validator(_schema("training-record.schema.json")).validate(back)
+    jsonschema.Draft202012Validator(load_schema("training-record.schema.json")).validate(back)

@@ -18,8 +18,8 @@ from torch.utils.data import DataLoader, TensorDataset
 import tensorlist
 from _record_support import records
 from tensorlist.errors import FormatError
-from tensorlist.schema import load_schema as _schema
-from tensorlist.record import (
+from tensorlist.schema import load_schema
+from tensorlist.provenance.record import (
     RecordWarning,
     TrainingRecorder,
     build_training_record,
@@ -63,7 +63,7 @@ def test_builder_makes_a_valid_record_from_torch_objects():
     record = minimal(seed=7, solver="lab.Loop", solver_params={"clip": 1.0, "device": "cuda", "verbose": True,
                                                                "save_folder": "/x", "model": 1})
     validate_training_record(record)
-    jsonschema.Draft202012Validator(_schema("training-record.schema.json")).validate(record)
+    jsonschema.Draft202012Validator(load_schema("training-record.schema.json")).validate(record)
     assert record.optimizer["class"] == "torch.optim.sgd.SGD"
     assert record.optimizer["hyperparameters"]["lr"] == 0.1
     assert record.optimizer["parameter_groups"] is None  # one group of all parameters, defaults
@@ -274,8 +274,8 @@ def test_every_saved_file_carries_a_valid_record(tmp_path):
         assert record.weights.sha256 == weights_sha256(path)
         assert record.epochs.asked == 4
         doc = json.loads(open(path).read())  # strict JSON all through, valid for any validator
-        jsonschema.Draft202012Validator(_schema("training-record.schema.json")).validate(doc["metadata"]["training"])
-        jsonschema.Draft202012Validator(_schema("dataset-params.schema.json")).validate(doc["metadata"]["dataset_params"])
+        jsonschema.Draft202012Validator(load_schema("training-record.schema.json")).validate(doc["metadata"]["training"])
+        jsonschema.Draft202012Validator(load_schema("dataset-params.schema.json")).validate(doc["metadata"]["dataset_params"])
     final = read_training_record(paths["final"])
     assert final.weights.kind == "final" and final.weights.epoch == 4 and final.epochs.done == 4
     assert final.weights.sha256 == weights_sha256(model)

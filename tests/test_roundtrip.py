@@ -16,8 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tensorlist as tl
-from tensorlist import _dtypes, _lowlevel
-from tensorlist._dtypes import DTYPES, from_numpy
+from tensorlist._base import dtypes as _dtypes
+from tensorlist._base import lowlevel
+from tensorlist._base.dtypes import DTYPES, from_numpy
 
 HYPOTHESIS = settings(
     deadline=None,
@@ -406,7 +407,7 @@ def test_reserved_tensors_get_checksums_of_what_was_filled_in(tmp_path):
         w.add("b", np.arange(5))
         a[:] = np.arange(300, dtype=np.float32).reshape(100, 3)
     desc = json.loads(path.read_text())
-    assert desc["tensors"][0]["crc32c"] == _lowlevel.crc32c(np.arange(300, dtype="<f4").tobytes())
+    assert desc["tensors"][0]["crc32c"] == lowlevel.crc32c(np.arange(300, dtype="<f4").tobytes())
     out = tl.load(path, verify=True)
     assert out["a"].ravel().tolist() == list(range(300))
 
@@ -530,9 +531,9 @@ def test_offsets_beyond_4gib_in_a_sparse_file(tmp_path, where, mmap):
     desc = {
         "tensors": [
             {"name": "a", "dims": [4, 2], "dataType": 7, "byteOffset": tensor_base, "byteLength": 64,
-             "crc32c": _lowlevel.crc32c(a.tobytes())},
+             "crc32c": lowlevel.crc32c(a.tobytes())},
             {"name": "b", "dims": [5], "dataType": 2, "byteOffset": tensor_base + 64, "byteLength": 10,
-             "crc32c": _lowlevel.crc32c(b.tobytes())},
+             "crc32c": lowlevel.crc32c(b.tobytes())},
         ],
         "location": "big.data", "byteOffset": list_offset, "byteLength": tensor_base + 80,
     }

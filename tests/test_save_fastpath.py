@@ -2,7 +2,7 @@
 
 _items.prepare inlines the common case, _items.layout vectorizes the offsets of long
 lists, _fast_descriptor_text writes the descriptor without building dicts, and
-_lowlevel.write_items gathers small buffers with one bytes.join: each is
+lowlevel.write_items gathers small buffers with one bytes.join: each is
 checked here against the straightforward computation it replaces.
 """
 import os
@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tensorlist import _items, _lowlevel
+from tensorlist._storage import items as _items
+from tensorlist._base import lowlevel
 
 DTYPES = [np.float32, np.int8, np.complex128, np.bool_, np.float64, np.uint16, ">f4", ">i8", ">c8"]
 NAMES = ["w", "ü é", 'q"uote', "back\\slash", "ctl\x01\n\t", "emoji 😀", '},{"x', "", "\x7f"]
@@ -100,7 +101,7 @@ def _expected_file(bufs, offsets, end):
 def test_write_items_gathers_small_buffers_and_pins_large_ones(tmp_path, threads):
     rng = np.random.default_rng(0)
     # 3 MiB items: with threads=4, helper threads checksum the large items (9 MiB of them in all)
-    sizes = [0, 1, 7, 64, _lowlevel._GATHER_MAX, _lowlevel._GATHER_MAX + 1, 70_000, 3, 0, 5000, 3 << 20]
+    sizes = [0, 1, 7, 64, lowlevel._GATHER_MAX, lowlevel._GATHER_MAX + 1, 70_000, 3, 0, 5000, 3 << 20]
     bufs = []
     for i, k in enumerate(sizes * 3):
         a = rng.integers(0, 255, k, dtype=np.uint8)
@@ -117,13 +118,13 @@ def test_write_items_gathers_small_buffers_and_pins_large_ones(tmp_path, threads
     path = tmp_path / "f"
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        crcs = _lowlevel.write_items(fd, bufs, offsets, swaps, 0, end, crc=True, fsync=False, sparse=True,
+        crcs = lowlevel.write_items(fd, bufs, offsets, swaps, 0, end, crc=True, fsync=False, sparse=True,
                                      threads=threads)
     finally:
         os.close(fd)
     data = path.read_bytes()
     assert data == _expected_file(bufs, offsets, end)
-    assert crcs == [_lowlevel.crc32c(data[o:o + b.nbytes]) for b, o in zip(bufs, offsets)]
+    assert crcs == [lowlevel.crc32c(data[o:o + b.nbytes]) for b, o in zip(bufs, offsets)]
 
 
 @pytest.mark.parametrize("n", [0, 1, 3 * 8192 - 1, 3 * 8192, 3 * 8192 + 9, 200_003])
@@ -134,8 +135,8 @@ def test_crc32c_three_way_path_matches_piecewise(n):
         view = data[start:start + n]
         crc = 0
         for i in range(0, len(view), 1000):
-            crc = _lowlevel.crc32c(view[i:i + 1000], crc)
-        assert _lowlevel.crc32c(view) == crc
+            crc = lowlevel.crc32c(view[i:i + 1000], crc)
+        assert lowlevel.crc32c(view) == crc
 
 
 def test_save_of_a_long_list_leaves_the_garbage_collector_as_it_was(tmp_path):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import tensorlist as tl
-from tensorlist import _lowlevel
+from tensorlist._base import lowlevel
 
 
 def _save(path, n=4):

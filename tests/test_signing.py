@@ -1,4 +1,4 @@
-"""Signed models: tensorlist.signing and `tensorlist sign`/`verify`, checked against the stock model_signing.
+"""Signed models: tensorlist.provenance.signing and `tensorlist sign`/`verify`, checked against the stock model_signing.
 
 Every key and certificate is made here (cryptography); nothing reaches the network.
 """
@@ -19,10 +19,10 @@ from cryptography.hazmat.primitives import hashes, serialization  # noqa: E402
 from cryptography.hazmat.primitives.asymmetric import ec  # noqa: E402
 from cryptography.x509.oid import NameOID  # noqa: E402
 
-from tensorlist import signing  # noqa: E402
+from tensorlist.provenance import signing
 from tensorlist.errors import TensorListError  # noqa: E402
-from tensorlist.record import read_training_record, save_model_file  # noqa: E402
-from tensorlist.signing.bundle import Key, write_bundle  # noqa: E402
+from tensorlist.provenance.record import read_training_record, save_model_file  # noqa: E402
+from tensorlist.provenance.signing.bundle import Key, write_bundle  # noqa: E402
 
 from _record_support import full_record  # noqa: E402
 

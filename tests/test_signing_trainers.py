@@ -2,7 +2,7 @@
 
 Real components throughout: the reference loops, TrainingRecorder, a Lightning Trainer with tensorlist's
 checkpoint plugin, a transformers Trainer and an Accelerator. Each signature is checked with
-tensorlist.signing.verify (with the attestation), and one checkpoint directory with the stock library.
+tensorlist.provenance.signing.verify (with the attestation), and one checkpoint directory with the stock library.
 """
 import os
 import pathlib
@@ -17,8 +17,9 @@ torch = pytest.importorskip("torch", reason="the trainer integrations need torch
 from cryptography.hazmat.primitives import serialization  # noqa: E402
 from cryptography.hazmat.primitives.asymmetric import ec  # noqa: E402
 
-from tensorlist import loops, signing  # noqa: E402
-from tensorlist.record import TrainingRecorder, read_training_record  # noqa: E402
+from tensorlist import loops
+from tensorlist.provenance import signing
+from tensorlist.provenance.record import TrainingRecorder, read_training_record  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LOADER = {"batch_size": 8, "shuffle": False, "drop_last": False, "sampler": None}
@@ -366,8 +367,8 @@ def test_lineage_checks_the_signature_of_a_signed_lightning_checkpoint_origin(tm
     import _lightning_script
     import tensorlist
     from tensorlist.lightning import TensorListCheckpointIO
-    from tensorlist.lineage import lineage
-    from tensorlist.record import CHECKPOINT_WEIGHTS, model_file_origin
+    from tensorlist.provenance.lineage import lineage
+    from tensorlist.provenance.record import CHECKPOINT_WEIGHTS, model_file_origin
 
     runs = tmp_path / "runs"
     _lightning_script.fit(runs / "pl", 1, plugins=[TensorListCheckpointIO(signing_key=key[0])])

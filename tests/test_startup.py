@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import tensorlist as tl
-from tensorlist import _dtypes
+from tensorlist._base import dtypes as _dtypes
 from tensorlist.errors import UnsupportedDTypeError
 
 pytestmark = pytest.mark.slow  # every test starts an interpreter
@@ -123,7 +123,7 @@ def test_validate_runs_the_schema(files, tmp_path):
 def test_dtype_lookups_of_builtins_never_import_ml_dtypes():
     out = child("""
         import numpy as np
-        from tensorlist import _dtypes
+        from tensorlist._base import dtypes as _dtypes
         out["builtin"] = [_dtypes.from_numpy(np.dtype(t).newbyteorder(o)).name
                           for t in ("u1", "i2", "f4", "c16", "?", "u8") for o in "<>"]
         out["by_name"] = [_dtypes.from_numpy("bfloat16").name, _dtypes.from_name("float8_e4m3fn").itemsize,
@@ -154,7 +154,7 @@ def test_ml_dtypes_without_a_type_costs_only_that_type(files, tmp_path):
             ml_dtypes.__version__ = "0.4.0"
         import numpy as np
         import tensorlist as tl
-        from tensorlist import _dtypes
+        from tensorlist._base import dtypes as _dtypes
         from tensorlist.errors import UnsupportedDTypeError
         from tensorlist.__main__ import main
         out["unsupported"] = [d.name for d in _dtypes.DTYPES if not d.supported]
@@ -240,8 +240,8 @@ def test_remote_reader_refuses_an_unsupported_dtype_by_name(files):
 
 #: what the package facade and ``import tensorlist.torch`` leave to first use (bench/bench_startup.py)
 DEFERRED = ("tensorlist.reader", "tensorlist.writer", "tensorlist.schema", "tensorlist.remote", "tensorlist.dlpack",
-            "tensorlist.format", "tensorlist._core", "tensorlist._staging", "tensorlist._states",
-            "tensorlist.record")
+            "tensorlist.format", "tensorlist._core", "tensorlist._base.states",
+            "tensorlist.provenance.record")
 
 
 def test_facade_is_lazy_and_exposes_all_of_its_names():
@@ -290,7 +290,7 @@ def test_torch_adapter_imports_the_reader_at_the_first_load_and_never_the_writer
     assert out["w"] == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
     assert "tensorlist.reader" in out["load"]
     assert not set(out["load"]) & {"tensorlist.writer", "tensorlist.schema", "tensorlist.remote",
-                                   "tensorlist._staging", "tensorlist._states", "tensorlist.record"}, out["load"]
+                                   "tensorlist._base.states", "tensorlist.provenance.record"}, out["load"]
     assert out["heavy"] == out["torch_heavy"]
 
 

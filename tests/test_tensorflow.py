@@ -18,8 +18,9 @@ ml_dtypes = pytest.importorskip("ml_dtypes", reason="bfloat16 and float8 arrays 
 from _framework_support import bits as _bits, sample as _sample  # noqa: E402
 import tensorlist as tl  # noqa: E402
 import tensorlist.tensorflow as ttf  # noqa: E402
-from tensorlist import _dtypes, reader  # noqa: E402
-from tensorlist._tf_bridge import HELD  # noqa: E402
+from tensorlist._base import dtypes
+from tensorlist import reader
+from tensorlist._bridges.tf import HELD  # noqa: E402
 from tensorlist.errors import UnsupportedDTypeError  # noqa: E402
 
 REFUSED = {"float8_e8m0fnu", "float4_e2m1fn_x2"}
@@ -65,7 +66,7 @@ def _data_file(tmp_path, descriptor_name):
 
 
 def test_every_table_dtype_is_held_or_refused():
-    assert set(HELD) | REFUSED == {d.name for d in _dtypes.DTYPES}
+    assert set(HELD) | REFUSED == {d.name for d in dtypes.DTYPES}
     assert not set(HELD) & REFUSED
 
 
@@ -78,7 +79,7 @@ def test_every_held_dtype_round_trips_bit_exact(tmp_path, name, shape):
     given = {"t": t} if name in NO_VARIABLE else {"t": t, "v": tf.Variable(t)}
     ttf.save(tmp_path / "m.tl", given)
     on_disk = tl.load(tmp_path / "m.tl")
-    assert all(_dtypes.from_numpy(on_disk[k].dtype).name == name and _bits(on_disk[k]) == _bits(a) for k in given)
+    assert all(dtypes.from_numpy(on_disk[k].dtype).name == name and _bits(on_disk[k]) == _bits(a) for k in given)
     back = ttf.load(tmp_path / "m.tl")
     for k in given:
         assert isinstance(back[k], tf.Tensor) and back[k].dtype == HELD[name] and tuple(back[k].shape) == shape

@@ -8,7 +8,7 @@ torch = pytest.importorskip("torch", reason="module and optimizer state files ne
 
 import tensorlist as tl  # noqa: E402
 import tensorlist.torch as tt  # noqa: E402
-from tensorlist.record import build_training_record, read_training_record, verify_model_file  # noqa: E402
+from tensorlist.provenance.record import build_training_record, read_training_record, verify_model_file  # noqa: E402
 
 # one torch thread: the _one_thread fixture of conftest.py
 

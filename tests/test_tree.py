@@ -1,11 +1,11 @@
-"""The pytree structure codec (``tensorlist._tree``): round trips, names, the checks, render; no numpy, no jax."""
+"""The pytree structure codec (``tensorlist._base.tree``): round trips, names, the checks, render; no numpy, no jax."""
 import collections
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from tensorlist import _tree
-from tensorlist._jsonio import dumps, loads_strict
+from tensorlist._base import tree as _tree
+from tensorlist._base.jsonio import dumps, loads_strict
 from tensorlist.errors import FormatError
 
 Point = collections.namedtuple("Point", "x y")

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import tensorlist as tl
-from tensorlist import _tree
+from tensorlist._base import tree as _tree
 from tensorlist.cli import main
 from tensorlist.errors import FormatError
 
@@ -117,7 +117,7 @@ def test_an_embedded_tree_file_names_its_pointer(tmp_path):
 
 def test_a_checkpoint_directory_with_a_tree_is_checked_by_the_cli(tmp_path, capsys):
     pytest.importorskip("jax", reason="writes a tensorlist.jax checkpoint directory (pip install 'jax[cpu]')")
-    from tensorlist._jax_shards import save_dir
+    from tensorlist.dcp.jax_shards import save_dir
 
     spec, _ = _tree.encode({"w": "W", "b": "B"})  # stand-in leaves: the arrays are given apart
     save_dir(tmp_path / "good", {"w": np.ones(4, np.float32), "b": np.zeros(2, np.float32)},

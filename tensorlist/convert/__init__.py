@@ -20,7 +20,7 @@ torch-dcp     a directory holding ``.metadata`` only       DCP's FileSystemWrite
 Every conversion streams tensor by tensor: sources are memory-mapped (or,
 for torch files, loaded with ``mmap=True``), so a checkpoint larger than RAM
 converts, and destinations are written to temporary files, fsynced and
-renamed into place when complete (``tensorlist._commit``), so a failure never
+renamed into place when complete (``tensorlist._storage.commit``), so a failure never
 leaves a half-written destination, whatever the format.
 Values are copied bit for bit (bfloat16, float16, float8 and NaN payloads
 included). Remote URLs (``s3://...``) work for tensorlist and lamp files and
@@ -77,15 +77,15 @@ def __getattr__(name: str):
     not imported for it.
     """
     if name in _FORMATS_NAMES:
-        from . import formats as module
+        from tensorlist.convert import formats as module
     elif name in ("diff", "DiffResult"):
-        from . import compare as module
+        from tensorlist.convert import compare as module
     elif name in ("VALUES_KEY", "DcpSource"):
-        from . import dcp as module
+        from tensorlist.convert import dcp as module
     elif name == "convert":
-        from . import sinks as module
+        from tensorlist.convert import sinks as module
     elif name == "open_source":
-        from . import sources as module
+        from tensorlist.convert import sources as module
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(module, name)

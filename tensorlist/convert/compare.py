@@ -5,9 +5,9 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from ..format import Limits
-from .formats import check_limits
-from .sources import open_source
+from tensorlist.format import Limits
+from tensorlist.convert.formats import check_limits
+from tensorlist.convert.sources import open_source
 
 __all__ = ["diff", "DiffResult"]
 

@@ -5,7 +5,7 @@ checkpoints:
 
 - ``dcp``: tensorlist's layout (``<rank>.<saveId>.tl`` shards and
   ``.metadata.json``, docs/FORMAT.md "Distributed checkpoints"), read with
-  :mod:`tensorlist.dcp_read`, without torch;
+  :mod:`tensorlist.dcp`, without torch;
 - ``torch-dcp``: DCP's own ``FileSystemWriter`` layout (``__<rank>_<n>.distcp``
   and a pickled ``.metadata``), read by :mod:`.distcp` without running the
   pickle; its records need torch (``torch.load(weights_only=True)``).
@@ -40,16 +40,16 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .. import _dtypes
-from .._backends import is_remote, localize
-from .._jsonio import from_tagged, loads_strict
-from ..dcp_read import (DCP_VERSION, METADATA_NAME, Checkpoint, Shards, StorageEntry, TensorMeta, assemble,
+from tensorlist._base import dtypes as _dtypes
+from tensorlist._base.backends import is_remote, localize
+from tensorlist._base.jsonio import from_tagged, loads_strict
+from tensorlist.dcp import (DCP_VERSION, METADATA_NAME, Checkpoint, Shards, StorageEntry, TensorMeta, assemble,
                         bytes_key, commit_metadata, encode_value, is_save_file, join, listing, metadata_document,
                         parse_metadata, read_metadata, shard_name, tensor_key)
-from ..format import Limits, short_repr
-from ..writer import Writer
-from .distcp import TorchCheckpoint, load_chunk, load_value, read_torch_metadata
-from .formats import Entry, MetadataDroppedWarning, Source
+from tensorlist.format import Limits, short_repr
+from tensorlist.writer import Writer
+from tensorlist.convert.distcp import TorchCheckpoint, load_chunk, load_value, read_torch_metadata
+from tensorlist.convert.formats import Entry, MetadataDroppedWarning, Source
 
 __all__ = ["DcpSource", "VALUES_KEY", "open_dcp", "open_torch_dcp", "write_dcp"]
 
@@ -62,7 +62,7 @@ class DcpSource(Source):
 
     Attributes (besides the Source's):
         checkpoint: the metadata in the tensorlist layout's terms
-            (:class:`tensorlist.dcp_read.Checkpoint`): fqns, dtypes, global
+            (:class:`tensorlist.dcp.Checkpoint`): fqns, dtypes, global
             shapes, chunks, shard files, bytes entries. For ``torch-dcp`` the
             shard files are a plan (one per rank); a bytes entry's
             ``byte_length`` is then its pickle's.

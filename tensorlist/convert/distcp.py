@@ -19,7 +19,7 @@ that holds data and runs nothing of torch or DCP:
 Any other global (``os.system``, ``builtins.eval``, ``torch.load``...) is
 refused before anything is called, with a FormatError naming the file and the
 global: nothing of the pickle runs. The result is then checked field by field
-and turned into the tensorlist layout's metadata (:func:`tensorlist.dcp_read.parse_metadata`
+and turned into the tensorlist layout's metadata (:func:`tensorlist.dcp.parse_metadata`
 runs every rule of that layout on it: chunks inside their tensor, no overlap, no
 gap, one record per chunk), and each record's byte range must lie inside its
 ``.distcp`` file.
@@ -59,14 +59,14 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .. import _dtypes
-from .._backends import filesystem, is_remote, localize
-from .._jsonio import MAX_DEPTH, dumps, to_tagged
-from ..dcp_read import (DCP_VERSION, Checkpoint, StorageEntry, TensorMeta, bytes_key, confine, encode_value,
+from tensorlist._base import dtypes as _dtypes
+from tensorlist._base.backends import filesystem, is_remote, localize
+from tensorlist._base.jsonio import MAX_DEPTH, dumps, to_tagged
+from tensorlist.dcp import (DCP_VERSION, Checkpoint, StorageEntry, TensorMeta, bytes_key, confine, encode_value,
                         join, metadata_document, parse_metadata, shard_name, tensor_key)
-from ..errors import FormatError
-from ..format import MAX_DIMS, Limits, open_regular, short_repr
-from .formats import TORCH_DCP_METADATA, expansion_cap
+from tensorlist.errors import FormatError
+from tensorlist.format import MAX_DIMS, Limits, open_regular, short_repr
+from tensorlist.convert.formats import TORCH_DCP_METADATA, expansion_cap
 
 __all__ = ["TorchCheckpoint", "Record", "read_torch_metadata", "load_chunk", "load_value", "record_bytes"]
 
@@ -562,7 +562,7 @@ def _torch_load(raw: bytes, cap: int, where: str, what: str):
 
 def load_chunk(ckpt: TorchCheckpoint, fqn: str, offsets: Tuple[int, ...]) -> np.ndarray:
     """One tensor chunk, loaded from its record and checked against the metadata (dtype, shape)."""
-    from .._torch_bridge import to_numpy
+    from tensorlist._bridges.torch import to_numpy
 
     e = ckpt.plan.storage[(fqn, offsets)]
     where = join(ckpt.path, ckpt.records[(fqn, offsets)].file)

@@ -18,10 +18,10 @@ from typing import Any, Callable, List, Optional, Tuple
 
 import numpy as np
 
-from .. import _dtypes
-from .._backends import filesystem, is_remote, localize
-from ..errors import FormatError
-from ..format import Limits, dims_problem, open_regular, shape_nbytes
+from tensorlist._base import dtypes as _dtypes
+from tensorlist._base.backends import filesystem, is_remote, localize
+from tensorlist.errors import FormatError
+from tensorlist.format import Limits, dims_problem, open_regular, shape_nbytes
 
 __all__ = ["FORMATS", "MAX_SAFETENSORS_HEADER", "DEFAULT_SHARD_BYTES", "NPZ_SIDECAR", "ST_DTYPES", "ST_NAMES",
            "ST_RANK", "ST_NOT_HERE", "ST_PACKED", "st_shape", "packed_shape", "RAW_DTYPES", "UINT", "MAX_EXPANSION", "MIN_EXPANSION_BYTES",
@@ -190,7 +190,7 @@ def is_directory(path) -> bool:
 
 
 def _checkpoint_format(path: str) -> str:
-    from ..dcp_read import METADATA_NAME, holds  # here: a file's name never needs the checkpoint reader
+    from tensorlist.dcp import METADATA_NAME, holds  # here: a file's name never needs the checkpoint reader
 
     try:
         if not holds(path, METADATA_NAME) and holds(path, TORCH_DCP_METADATA):

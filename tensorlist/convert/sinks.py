@@ -1,7 +1,7 @@
 """Sinks: each format's writer, and :func:`convert`, which streams a source into one.
 
 Every destination is written the one way the package replaces a file
-(``tensorlist._commit``): under a temporary name beside it, fsynced, renamed
+(``tensorlist._storage.commit``): under a temporary name beside it, fsynced, renamed
 into place, the directory fsynced; a failure removes the temporary file and
 leaves the old destination as it was. tensorlist and lamp files go through
 :class:`tensorlist.Writer`, which commits data then descriptor; a Hugging Face
@@ -20,16 +20,16 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from .._backends import is_remote, localize
-from .._commit import atomic_file, durable_replace, tmp_beside
-from .._jsonio import dumps
-from .._terminal import escape_controls, raw_stream
-from ..format import Limits, short_repr
-from ..writer import Writer
-from .dcp import DcpSource, write_dcp
-from .formats import DCP_FORMATS, DEFAULT_SHARD_BYTES, MAX_SAFETENSORS_HEADER, NPZ_SIDECAR, RAW_DTYPES, ST_NAMES, \
+from tensorlist._base.backends import is_remote, localize
+from tensorlist._storage.commit import atomic_file, durable_replace, tmp_beside
+from tensorlist._base.jsonio import dumps
+from tensorlist._base.terminal import escape_controls, raw_stream
+from tensorlist.format import Limits, short_repr
+from tensorlist.writer import Writer
+from tensorlist.convert.dcp import DcpSource, write_dcp
+from tensorlist.convert.formats import DCP_FORMATS, DEFAULT_SHARD_BYTES, MAX_SAFETENSORS_HEADER, NPZ_SIDECAR, RAW_DTYPES, ST_NAMES, \
     ST_RANK, UINT, Entry, MetadataDroppedWarning, Source, check_format, check_limits, infer_format, st_shape
-from .sources import open_source
+from tensorlist.convert.sources import open_source
 
 __all__ = ["convert", "Progress"]
 
@@ -307,7 +307,7 @@ def _write_npy(src: Source, dst: str, bar: Progress, durable: bool, options: dic
 def _write_pt(src: Source, dst: str, bar: Progress, durable: bool, options: dict) -> None:
     import torch
 
-    from .._torch_bridge import from_numpy
+    from tensorlist._bridges.torch import from_numpy
 
     _checked_destination(dst)
     state: Dict[str, Any] = {}

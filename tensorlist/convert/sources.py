@@ -17,17 +17,17 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .. import _dtypes
-from .._backends import is_remote, localize
-from .._jsonio import MAX_DEPTH, check_json, loads_strict
-from ..errors import FormatError
-from ..format import MAX_DESCRIPTOR_BYTES, Limits, ListDescriptor, check_data_path, check_location, open_regular, \
+from tensorlist._base import dtypes as _dtypes
+from tensorlist._base.backends import is_remote, localize
+from tensorlist._base.jsonio import MAX_DEPTH, check_json, loads_strict
+from tensorlist.errors import FormatError
+from tensorlist.format import MAX_DESCRIPTOR_BYTES, Limits, ListDescriptor, check_data_path, check_location, open_regular, \
     read_json_file, short_repr
-from ..reader import Reader
-from .formats import MAX_SAFETENSORS_HEADER, NPZ_SIDECAR, RAW_DTYPES, ST_DTYPES, ST_NOT_HERE, ST_PACKED, ST_RANK, UINT, \
+from tensorlist.reader import Reader
+from tensorlist.convert.formats import MAX_SAFETENSORS_HEADER, NPZ_SIDECAR, RAW_DTYPES, ST_DTYPES, ST_NOT_HERE, ST_PACKED, ST_RANK, UINT, \
     Entry, Source, check_format, check_limits, check_shape, infer_format, packed_shape, row_of
-from .dcp import open_dcp, open_torch_dcp
-from .torchfile import open_pt
+from tensorlist.convert.dcp import open_dcp, open_torch_dcp
+from tensorlist.convert.torchfile import open_pt
 
 __all__ = ["open_source", "SafetensorsFile", "ST_MAX_DEPTH"]
 

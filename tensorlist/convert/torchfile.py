@@ -1,6 +1,6 @@
 """The torch source: ``.pt``/``.pth``/``.bin``/``.ckpt`` files, read with ``torch.load(weights_only=True)``.
 
-torch (and ``tensorlist._torch_bridge``, the only torch <-> numpy conversion)
+torch (and ``tensorlist._bridges.torch``, the only torch <-> numpy conversion)
 is imported when a torch file is read, never when the package is. The file is
 hostile input: its zip records are sized before ``torch.load`` expands them,
 whatever ``torch.load`` raises is a FormatError, and the loaded object is
@@ -14,11 +14,11 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .. import _dtypes
-from .._jsonio import MAX_DEPTH
-from ..errors import FormatError
-from ..format import Limits, open_regular, short_repr
-from .formats import Entry, Source, check_shape, expansion_cap, row_of
+from tensorlist._base import dtypes
+from tensorlist._base.jsonio import MAX_DEPTH
+from tensorlist.errors import FormatError
+from tensorlist.format import Limits, open_regular, short_repr
+from tensorlist.convert.formats import Entry, Source, check_shape, expansion_cap, row_of
 
 __all__ = ["open_pt"]
 
@@ -39,7 +39,7 @@ def open_pt(path: str, limits: Limits = Limits()) -> Source:
         import torch
     except ImportError as e:
         raise ImportError("reading torch files needs torch: pip install 'tensorlist[torch]'") from e
-    from .._torch_bridge import to_numpy
+    from tensorlist._bridges.torch import to_numpy
 
     # torch.load maps the file by name: check it is a regular file first (a FIFO would block the open)
     with os.fdopen(open_regular(path, what="torch file"), "rb") as f:
@@ -87,7 +87,7 @@ def open_pt(path: str, limits: Limits = Limits()) -> Source:
             if v.layout != torch.strided or v.is_quantized or v.is_meta:
                 tensor(v, i, name)  # no plain bytes: refused now, in the bridge's words
             try:
-                row = _dtypes.from_name(str(v.dtype).replace("torch.", ""))
+                row = dtypes.from_name(str(v.dtype).replace("torch.", ""))
             except KeyError:
                 raise FormatError(f"torch dtype {v.dtype} has no tensorlist dataType code", file=path,
                                   tensor_index=i, tensor_name=name, field="dtype") from None

@@ -12,14 +12,14 @@ handled where torch is not installed. The package splits by concept:
 - :mod:`tensorlist.dcp.metadata`: the metadata document, its checks and its read;
 - :mod:`tensorlist.dcp.tiling`: chunks inside, disjoint, covering (step 3);
 - :mod:`tensorlist.dcp.shards`: ``Shards``, ``read_full``, ``validate_checkpoint``;
-- ``tensorlist.dcp._storage`` (torch): ``TensorListWriter``/``TensorListReader``,
+- ``tensorlist.dcp.torch_storage`` (torch): ``TensorListWriter``/``TensorListReader``,
   loaded when one of them is first asked for. Without torch these two names
   are stand-ins that raise an ImportError naming torch when used, so
   ``from tensorlist.dcp import TensorListReader, TensorListWriter, read_full``
   works in a numpy-only environment.
 
 Imports ``dcp.layout``, ``dcp.metadata``, ``dcp.tiling``, ``dcp.shards`` (and
-``dcp._storage``, with torch, on first use of a storage class).
+``dcp.torch_storage``, with torch, on first use of a storage class).
 
 Example:
     >>> import tempfile, numpy as np
@@ -36,11 +36,11 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .layout import (DCP_FORMAT_VERSION, DCP_VERSION, ENCODINGS, FORMAT_NAME, METADATA_NAME, SCHEMA, Checkpoint,
+from tensorlist.dcp.layout import (DCP_FORMAT_VERSION, DCP_VERSION, ENCODINGS, FORMAT_NAME, METADATA_NAME, SCHEMA, Checkpoint,
                      StorageEntry, TensorMeta, bytes_key, commit_metadata, confine, decode_value, encode_entry,
                      encode_value, holds, is_save_file, join, listing, shard_name, tensor_key)
-from .metadata import check_shape, metadata_document, parse_metadata, read_metadata, schema_check
-from .shards import Shards, assemble, read_full, validate_checkpoint
+from tensorlist.dcp.metadata import check_shape, metadata_document, parse_metadata, read_metadata, schema_check
+from tensorlist.dcp.shards import Shards, assemble, read_full, validate_checkpoint
 
 __all__ = ["TensorListWriter", "TensorListReader", "read_full", "validate_checkpoint", "read_metadata",
            "parse_metadata", "Checkpoint", "Shards", "TensorMeta", "StorageEntry", "METADATA_NAME", "FORMAT_NAME",
@@ -48,7 +48,7 @@ __all__ = ["TensorListWriter", "TensorListReader", "read_full", "validate_checkp
            "encode_value", "decode_value", "shard_name", "tensor_key", "bytes_key", "join", "is_save_file", "holds",
            "commit_metadata", "listing", "assemble", "ENCODINGS", "encode_entry", "confine"]
 
-#: The names the torch storage layer provides (``tensorlist.dcp._storage``), loaded on first use.
+#: The names the torch storage layer provides (``tensorlist.dcp.torch_storage``), loaded on first use.
 TORCH_NAMES = ("TensorListWriter", "TensorListReader")
 
 
@@ -79,7 +79,7 @@ def __getattr__(name: str) -> Any:
     if name not in TORCH_NAMES:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     try:
-        storage = importlib.import_module("._storage", __name__)
+        storage = importlib.import_module(".torch_storage", __name__)
     except ImportError as e:
         if not (e.name or "").split(".")[0] == "torch":
             raise

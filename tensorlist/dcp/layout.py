@@ -8,7 +8,7 @@ A checkpoint of this layout (docs/FORMAT.md, "Distributed checkpoints (DCP)") is
 - ``.metadata.json``: the global metadata (``schemas/dcp-metadata.schema.json``),
   written last, atomically, by the coordinator: the commit point of the save.
 
-Imports ``_commit``, ``_jsonio``, ``_backends`` and ``errors``; never torch.
+Imports ``_commit``, ``_jsonio``, ``backends`` and ``errors``; never torch.
 
 Example:
     >>> shard_name(3, "0a1b2c3d"), tensor_key("w", (0, 4)), is_save_file("3.0a1b2c3d.tl")
@@ -23,10 +23,10 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Sequence, Tuple, Dict
 
-from .. import _backends
-from .._commit import atomic_file
-from ..format import confine as format_confine
-from .._jsonio import dumps, from_tagged, loads_strict, to_tagged
+from tensorlist._base import backends
+from tensorlist._storage.commit import atomic_file
+from tensorlist.format import confine as format_confine
+from tensorlist._base.jsonio import dumps, from_tagged, loads_strict, to_tagged
 
 #: The global metadata's file name in the checkpoint directory (DCP's own is ``.metadata``, a pickle).
 METADATA_NAME = ".metadata.json"
@@ -178,16 +178,16 @@ def is_save_file(name: str) -> Optional[str]:
 def join(path, name: str) -> str:
     """``name`` inside the checkpoint directory ``path`` (a local path or a URL)."""
     path = os.fspath(path)
-    if _backends.is_remote(path):
+    if backends.is_remote(path):
         return posixpath.join(path.rstrip("/") + "/", name) if path.rstrip("/") else name
-    return os.path.join(_backends.localize(path), name)
+    return os.path.join(backends.localize(path), name)
 
 
 def holds(path, name: str) -> bool:
     """Whether the checkpoint directory ``path`` (a local path or a URL) holds an entry ``name``."""
     target = join(path, name)
-    if _backends.is_remote(os.fspath(path)):
-        fs, p = _backends.filesystem(target)
+    if backends.is_remote(os.fspath(path)):
+        fs, p = backends.filesystem(target)
         return bool(fs.exists(p))
     return os.path.lexists(target)
 
@@ -203,9 +203,9 @@ def confine(path, name: str, what: str = "file") -> str:
     Raises:
         FormatError: the file resolves outside the directory (naming the file and where it leads).
     """
-    if _backends.is_remote(os.fspath(path)):
+    if backends.is_remote(os.fspath(path)):
         return join(path, name)
-    return format_confine(_backends.localize(os.fspath(path)), name, what=what)
+    return format_confine(backends.localize(os.fspath(path)), name, what=what)
 
 
 def commit_metadata(path, doc: dict, *, durable: bool = True) -> None:
@@ -217,8 +217,8 @@ def commit_metadata(path, doc: dict, *, durable: bool = True) -> None:
     """
     text = (dumps(doc) + "\n").encode("utf-8")
     target = join(path, METADATA_NAME)
-    if _backends.is_remote(path):
-        fs, p = _backends.filesystem(target)
+    if backends.is_remote(path):
+        fs, p = backends.filesystem(target)
         fs.pipe_file(p, text)
         return
     with atomic_file(target, durable=durable) as tmp:
@@ -233,12 +233,12 @@ def listing(path) -> Tuple[List[str], Callable[[str], None]]:
     a FileNotFoundError.
     """
     path = os.fspath(path)
-    if _backends.is_remote(path):
-        fs, root = _backends.filesystem(path)
+    if backends.is_remote(path):
+        fs, root = backends.filesystem(path)
         root = root.rstrip("/")
         names = [n.rsplit("/", 1)[-1] for n in fs.ls(root, detail=False)] if fs.exists(root) else []
         return names, (lambda n: fs.rm_file(f"{root}/{n}" if root else n))
-    folder = _backends.localize(path)
+    folder = backends.localize(path)
     return os.listdir(folder), (lambda n: os.unlink(os.path.join(folder, n)))
 
 

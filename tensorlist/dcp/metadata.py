@@ -15,7 +15,7 @@ names the metadata file and, in its message, the fqn at fault:
    one of its chunks; exactly one entry per chunk and per bytes key; its file
    is one of ``files``; ``byteLength`` is the chunk's ``numel x itemsize``.
 
-Imports ``dcp.layout``, ``dcp.tiling``, ``format``, ``schema``, ``_jsonio``, ``_dtypes``, ``_backends``,
+Imports ``dcp.layout``, ``dcp.tiling``, ``format``, ``schema``, ``_jsonio``, ``dtypes``, ``backends``,
 ``errors`` (jsonschema for :func:`schema_check`); never torch.
 
 Example:
@@ -32,14 +32,15 @@ import re
 from itertools import chain
 from typing import Any, Dict, Optional, Sequence, Tuple, List
 
-from .. import _backends, _dtypes
-from .._jsonio import from_tagged
-from ..errors import FormatError
-from ..format import MAX_DIMS, Limits, read_json_bytes, read_json_file, short_repr
-from ..schema import schema_validator
-from .layout import (DCP_FORMAT_VERSION, ENCODINGS, FORMAT_NAME, METADATA_NAME, SCHEMA, Checkpoint, StorageEntry,
+from tensorlist._base import backends
+from tensorlist._base import dtypes
+from tensorlist._base.jsonio import from_tagged
+from tensorlist.errors import FormatError
+from tensorlist.format import MAX_DIMS, Limits, read_json_bytes, read_json_file, short_repr
+from tensorlist.schema import schema_validator
+from tensorlist.dcp.layout import (DCP_FORMAT_VERSION, ENCODINGS, FORMAT_NAME, METADATA_NAME, SCHEMA, Checkpoint, StorageEntry,
                      TensorMeta, confine, join)
-from .tiling import check_tiling, numel
+from tensorlist.dcp.tiling import check_tiling, numel
 
 
 def metadata_document(*, save_id: str, dcp_version: Optional[str], entries: Dict[str, Optional[TensorMeta]],
@@ -106,7 +107,7 @@ def schema_check(doc: Any, file: str) -> None:
 
 
 _MAX_COUNT = (1 << 63) - 1
-_DTYPE_NAMES = frozenset(d.name for d in _dtypes.DTYPES)
+_DTYPE_NAMES = frozenset(d.name for d in dtypes.DTYPES)
 _SAVE_ID = re.compile(r"\A[0-9a-f]{8}\Z")
 _FILE_NAME = re.compile(r"\A[A-Za-z0-9_][A-Za-z0-9._-]*\.tl\Z")
 _TOP = {"format", "formatVersion", "dcpVersion", "saveId", "files", "stateDict", "storage", "plannerData",
@@ -351,7 +352,7 @@ def parse_metadata(doc: Any, *, file: str, path: Optional[str] = None, schema: b
     """
     check_shape(doc, file=file, schema=schema)
     if path is None:
-        path = posixpath.dirname(file) if _backends.is_remote(file) else os.path.dirname(file)
+        path = posixpath.dirname(file) if backends.is_remote(file) else os.path.dirname(file)
     entries: Dict[str, Optional[TensorMeta]] = {}
     chunk_of: Dict[Tuple[str, Tuple[int, ...]], Tuple[int, ...]] = {}
     for fqn, d in doc["stateDict"].items():
@@ -369,7 +370,7 @@ def parse_metadata(doc: Any, *, file: str, path: Optional[str] = None, schema: b
         entries[fqn] = t
     files = tuple(doc["files"])
     known_files = frozenset(files)
-    itemsize = {fqn: _dtypes.from_name(t.dtype).itemsize for fqn, t in entries.items() if t is not None}
+    itemsize = {fqn: dtypes.from_name(t.dtype).itemsize for fqn, t in entries.items() if t is not None}
     storage: Dict[Tuple[str, Optional[Tuple[int, ...]]], StorageEntry] = {}
     names: Dict[Tuple[str, str], int] = {}
     for k, d in enumerate(doc["storage"]):
@@ -432,8 +433,8 @@ def read_metadata(path, *, limits: Limits = Limits(), schema: bool = False) -> C
     """
     path = os.fspath(path)
     file = join(path, METADATA_NAME)
-    if _backends.is_remote(path):
-        fs, fpath = _backends.filesystem(file)
+    if backends.is_remote(path):
+        fs, fpath = backends.filesystem(file)
         if not fs.exists(fpath):
             raise FileNotFoundError(f"{file}: no checkpoint metadata (the save never committed, or not a checkpoint)")
         size = fs.size(fpath)

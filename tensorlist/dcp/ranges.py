@@ -31,8 +31,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..errors import FormatError
-from ..format import open_regular
+from tensorlist.errors import FormatError
+from tensorlist.format import open_regular
 
 #: The most runs one slice is read as; a slice of more reads its bounding range once (then narrowed in memory).
 MAX_RUNS = 4096

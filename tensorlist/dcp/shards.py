@@ -4,7 +4,7 @@ Step 5: each shard file is a valid TensorList (every rule of FORMAT.md 2.3: a
 truncated data file is refused) and holds the named tensor with the chunk's
 dtype and shape (uint8 ``[byteLength]`` for bytes).
 
-Imports ``dcp.layout``, ``dcp.metadata``, ``dcp.tiling``, ``reader``, ``format``, ``_dtypes``, ``errors``
+Imports ``dcp.layout``, ``dcp.metadata``, ``dcp.tiling``, ``reader``, ``format``, ``dtypes``, ``errors``
 and numpy; never torch.
 """
 from __future__ import annotations
@@ -14,13 +14,13 @@ from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
-from .. import _dtypes
-from ..errors import FormatError
-from ..format import Limits
-from ..reader import Reader, read_mode
-from .layout import StorageEntry, TensorMeta, confine, decode_value, join
-from .metadata import read_metadata
-from .tiling import numel
+from tensorlist._base import dtypes
+from tensorlist.errors import FormatError
+from tensorlist.format import Limits
+from tensorlist.reader import Reader, read_mode
+from tensorlist.dcp.layout import StorageEntry, TensorMeta, confine, decode_value, join
+from tensorlist.dcp.metadata import read_metadata
+from tensorlist.dcp.tiling import numel
 
 
 class Shards:
@@ -200,7 +200,7 @@ def assemble(t: TensorMeta, chunk, *, copy: bool = False) -> np.ndarray:
     if len(t.chunks) == 1 and tuple(t.chunks[0][1]) == tuple(t.size):
         part = chunk(t.chunks[0][0])
         return np.array(part) if copy else part
-    full = np.empty(t.size, dtype=_dtypes.from_name(t.dtype).numpy)
+    full = np.empty(t.size, dtype=dtypes.from_name(t.dtype).numpy)
     for off, sz in t.chunks:
         if numel(sz):
             full[tuple(slice(o, o + s) for o, s in zip(off, sz))] = chunk(off)

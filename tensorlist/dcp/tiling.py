@@ -37,7 +37,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..errors import FormatError, short_repr
+from tensorlist.errors import FormatError, short_repr
 
 #: The most cells of the compressed grid counted through the difference array (besides a few per chunk).
 MAX_GRID_CELLS = 1 << 22

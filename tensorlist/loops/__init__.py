@@ -20,10 +20,10 @@ by ``run`` only for a run that uses them), ``run`` (an epoch, the epoch tail,
 resume, model files), ``train`` (the three loops); ``demo`` uses the facade.
 This facade re-exports the public names. See ``docs/LOOPS.md``.
 """
-from .schedules import ConstantSWA, CyclicSWA, Decrement, Noop, ReduceLROnPlateau
-from .checkpoint import LOOP_STATE_FORMAT, read_checkpoint
-from .state import Events, State
-from .train import LoopResult, Minibatches, TrainingLoopContext, epochs, supervised_step, swa_epochs, with_swa
+from tensorlist.loops.schedules import ConstantSWA, CyclicSWA, Decrement, Noop, ReduceLROnPlateau
+from tensorlist.loops.checkpoint import LOOP_STATE_FORMAT, read_checkpoint
+from tensorlist.loops.state import Events, State
+from tensorlist.loops.train import LoopResult, Minibatches, TrainingLoopContext, epochs, supervised_step, swa_epochs, with_swa
 
 __all__ = [
     "epochs", "swa_epochs", "with_swa", "supervised_step", "Minibatches", "TrainingLoopContext", "LoopResult",

@@ -17,7 +17,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ..record import loader_settings
+from tensorlist.provenance.record import loader_settings
 
 __all__ = ["TrainingLoopContext", "Minibatches", "supervised_step", "batch_stream", "is_empty", "stream_settings"]
 

@@ -51,12 +51,12 @@ import math
 import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .._datafile import open_consistently
-from .._jsonio import array_index, dumps, from_tagged, loads_strict, resolve_pointer, set_at_pointer, to_tagged
-from ..dcp_read import METADATA_NAME, Checkpoint, Shards, read_full, read_metadata
-from ..format import Limits, find_tensor_lists, parse_list, read_json_file
-from ..writer import Tensors, save_document
-from .state import State, rng_state
+from tensorlist._storage.datafile import open_consistently
+from tensorlist._base.jsonio import array_index, dumps, from_tagged, loads_strict, resolve_pointer, set_at_pointer, to_tagged
+from tensorlist.dcp import METADATA_NAME, Checkpoint, Shards, read_full, read_metadata
+from tensorlist.format import Limits, find_tensor_lists, parse_list, read_json_file
+from tensorlist.writer import Tensors, save_document
+from tensorlist.loops.state import State, rng_state
 
 __all__ = [
     "LOOP_STATE_FORMAT", "CHECKPOINT_TYPES", "phase_document", "empty_simple", "extension", "loop_document",
@@ -339,7 +339,7 @@ def _untag_extension(doc: Mapping, file: str) -> None:
 def read_sharded_loop_state(path, *, ranks: Optional[Sequence[int]] = None) -> Tuple[dict, Checkpoint]:
     """The loop state of the sharded checkpoint in directory ``path``, without its tensors, and its DCP metadata.
 
-    Reads the metadata (checked as ``tensorlist.dcp_read`` checks it), the
+    Reads the metadata (checked as ``tensorlist.dcp`` checks it), the
     ``loop`` entry and the ``rng.<rank>`` entries of ``ranks`` (default:
     every rank that saved one); the tensors stay in their shards (``{"dcp":
     key}`` references in the document). The generator states come back as

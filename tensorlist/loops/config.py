@@ -18,10 +18,10 @@ import os
 import types
 from typing import Any, Callable, FrozenSet, Mapping, Optional, Tuple, Union
 
-from ..record import validate_dataset_params
-from .batches import supervised_step
-from .schedules import CyclicSWA, Decrement, Noop
-from .state import Events
+from tensorlist.provenance.record import validate_dataset_params
+from tensorlist.loops.batches import supervised_step
+from tensorlist.loops.schedules import CyclicSWA, Decrement, Noop
+from tensorlist.loops.state import Events
 
 __all__ = ["LoopConfig", "shared_docs", "ARGS_DOC", "RETURNS_DOC", "CHECKPOINT_FORMATS"]
 

@@ -50,7 +50,7 @@ class DirectionNet(torch.nn.Module):
 
     def __init__(self, hidden: int = 6):
         super().__init__()
-        from ..nn import ConvLSTMPeephole
+        from tensorlist.loops.nn import ConvLSTMPeephole
 
         self.rnn = ConvLSTMPeephole(1, hidden, kernel_i=3, kernel_c=3, stride=-1)
         self.norm = torch.nn.BatchNorm1d(hidden)
@@ -85,9 +85,9 @@ def run_demo(out_dir: Optional[str] = None, *, warmup_epochs: int = 4, swa_epoch
 
 
 def _run_demo(out_dir, warmup_epochs, swa_epochs, say) -> dict:
-    from .. import nn as tnn
-    from ..record import dataset_content_hash, verify_model_file
-    from . import CyclicSWA, Decrement, Minibatches, with_swa
+    from tensorlist.loops import nn as tnn
+    from tensorlist.provenance.record import dataset_content_hash, verify_model_file
+    from tensorlist.loops import CyclicSWA, Decrement, Minibatches, with_swa
 
     t0 = time.perf_counter()
     out_dir = out_dir or tempfile.mkdtemp(prefix="tensorlist-loops-demo-")
@@ -133,6 +133,6 @@ def _run_demo(out_dir, warmup_epochs, swa_epochs, say) -> dict:
 
 
 def _checkpoint_record(path):
-    from ..record import read_training_record
+    from tensorlist.provenance.record import read_training_record
 
     return read_training_record(path)

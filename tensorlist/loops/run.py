@@ -29,19 +29,19 @@ import torch
 import torch.distributed as dist
 from torch.optim.swa_utils import AveragedModel
 
-from .._states import check_like, check_rng_state
-from .._terminal import raw_stream
-from .._torch_bridge import from_numpy, state_to_numpy
-from ..errors import FormatError, short_repr
-from ..record import TrainingRecorder, save_model_file, weights_sha256
-from ..signing import signed_save
-from ..torch import check_optimizer_state, match_state, module_state, optimizer_state_from_parts, optimizer_state_parts
-from .batches import TrainingLoopContext, batch_stream, is_empty, stream_settings
-from .checkpoint import (CHECKPOINT_TYPES, LOOP_STATE_FORMAT, dcp_ref, empty_simple, extension,
+from tensorlist._base.states import check_like, check_rng_state
+from tensorlist._base.terminal import raw_stream
+from tensorlist._bridges.torch import from_numpy, state_to_numpy
+from tensorlist.errors import FormatError, short_repr
+from tensorlist.provenance.record import TrainingRecorder, save_model_file, weights_sha256
+from tensorlist.provenance.signing import signed_save
+from tensorlist.torch import check_optimizer_state, match_state, module_state, optimizer_state_from_parts, optimizer_state_parts
+from tensorlist.loops.batches import TrainingLoopContext, batch_stream, is_empty, stream_settings
+from tensorlist.loops.checkpoint import (CHECKPOINT_TYPES, LOOP_STATE_FORMAT, dcp_ref, empty_simple, extension,
                          is_sharded_checkpoint, loop_document, phase_document, phase_parts, read_checkpoint,
                          read_sharded_loop_state, sharded_checkpoint_exists, state_from_phase, write_checkpoint)
-from .config import LoopConfig
-from .state import Events, State, check_rng_state_json, seed_rngs, set_rng_state
+from tensorlist.loops.config import LoopConfig
+from tensorlist.loops.state import Events, State, check_rng_state_json, seed_rngs, set_rng_state
 
 __all__ = ["Run", "log"]
 
@@ -223,7 +223,7 @@ class Run:
         cfg = self.cfg
         store = None
         if is_sharded_checkpoint(path):
-            from .sharded import ShardedCheckpoint  # torch.distributed.checkpoint: only for sharded runs
+            from tensorlist.loops.sharded import ShardedCheckpoint  # torch.distributed.checkpoint: only for sharded runs
 
             doc, meta = read_sharded_loop_state(path, ranks=(self.rank, 0))
             store = ShardedCheckpoint(path)
@@ -483,7 +483,7 @@ class Run:
         path = os.fspath(self.cfg.checkpoint)
         if self.cfg.checkpoint_format == "sharded":
             if self._store is None:
-                from .sharded import ShardedCheckpoint  # torch.distributed.checkpoint: only for sharded runs
+                from tensorlist.loops.sharded import ShardedCheckpoint  # torch.distributed.checkpoint: only for sharded runs
 
                 self._store = ShardedCheckpoint(path)
             swa_n = self.swa.number_of_averaged_models if self.swa is not None else 0

@@ -39,11 +39,11 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
                                                      set_model_state_dict, set_optimizer_state_dict)
 
-from ..dcp import TensorListReader, TensorListWriter
-from ..dcp_read import Checkpoint, Shards
-from ..torch import module_state
-from .checkpoint import SHARDED_KEYS, loop_state_text, rng_key, rng_text
-from .state import rng_state_json, set_rng_state_json
+from tensorlist.dcp import TensorListReader, TensorListWriter
+from tensorlist.dcp import Checkpoint, Shards
+from tensorlist.torch import module_state
+from tensorlist.loops.checkpoint import SHARDED_KEYS, loop_state_text, rng_key, rng_text
+from tensorlist.loops.state import rng_state_json, set_rng_state_json
 
 __all__ = ["ShardedCheckpoint", "process_rank", "world_size", "restore_rng"]
 

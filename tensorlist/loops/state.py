@@ -26,10 +26,10 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 import torch
 
-from .._jsonio import array_index
-from .._states import check_rng_state
-from .._torch_bridge import from_numpy, to_numpy
-from ..errors import FormatError, short_repr
+from tensorlist._base.jsonio import array_index
+from tensorlist._base.states import check_rng_state
+from tensorlist._bridges.torch import from_numpy, to_numpy
+from tensorlist.errors import FormatError, short_repr
 
 __all__ = ["Events", "State", "rng_state", "set_rng_state", "rng_state_json", "set_rng_state_json",
            "check_rng_state_json", "seed_rngs"]

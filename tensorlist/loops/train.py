@@ -19,11 +19,11 @@ import torch
 import torch.distributed as dist
 from torch.optim.swa_utils import AveragedModel, update_bn
 
-from ..torch import module_state
-from .batches import Minibatches, TrainingLoopContext, batch_stream, is_empty, supervised_step
-from .config import LoopConfig, shared_docs
-from .run import Run, log
-from .state import Events, State
+from tensorlist.torch import module_state
+from tensorlist.loops.batches import Minibatches, TrainingLoopContext, batch_stream, is_empty, supervised_step
+from tensorlist.loops.config import LoopConfig, shared_docs
+from tensorlist.loops.run import Run, log
+from tensorlist.loops.state import Events, State
 
 __all__ = [
     "TrainingLoopContext",
