@@ -8,7 +8,7 @@ import importlib.util
 import sys
 
 # torch's CUDA wheels (the registry's torch on every Python but 3.11 here) bring triton, and TensorFlow
-# bundles its own LLVM: once tensorflow is imported (collecting tests/test_tensorflow.py does), torch's
+# bundles its own LLVM: once tensorflow is imported (collecting tests/adapters/test_tensorflow.py does), torch's
 # first import of triton (torch.optim -> torch._dynamo -> triton) kills the process with a segfault
 # (TensorFlow 2.21, torch 2.13.0 CUDA wheel, Python 3.12). No test uses triton (every test runs on
 # the CPU), so the suite hides it from torch where both are installed; docs/FRAMEWORKS.md says what a

@@ -45,14 +45,14 @@ start=$SECONDS
 # test_cli_pipe (~4 minutes under qemu), test_record_schema and test_record_fastcheck (jsonschema-heavy: 5
 # and 2 minutes), test_tree, test_dcp_tiling. Tests needing torch, ml_dtypes (none for s390x), moto,
 # safetensors or google-crc32c skip there with their reason (-ra).
-TESTS=(test_lowlevel test_platforms test_readers test_roundtrip test_conformance test_crc32c test_save_fastpath
-       test_cli_escape test_convert test_convert_hostile test_convert_seams test_record_hash test_record_functions
-       test_hostile test_hostile_values test_malformed test_fastpath test_atomic test_security test_validate_tree
-       test_cleanup test_fp4 test_bits test_dcp_ranges)
+TESTS=(core/test_lowlevel core/test_platforms core/test_readers core/test_roundtrip core/test_conformance core/test_crc32c core/test_save_fastpath
+       cli/test_cli_escape cli/test_convert cli/test_convert_hostile cli/test_convert_seams provenance/test_record_hash provenance/test_record_functions
+       hostile/test_hostile hostile/test_hostile_values hostile/test_malformed core/test_fastpath core/test_atomic hostile/test_security core/test_validate_tree
+       core/test_cleanup core/test_fp4 core/test_bits dcp/test_dcp_ranges)
 TESTS_S390X=("${TESTS[@]}")
 TESTS_AARCH64=("${TESTS[@]}")
-SLOW_S390X=(test_cli)
-SLOW_AARCH64=(test_cli)
+SLOW_S390X=(cli/test_cli)
+SLOW_AARCH64=(cli/test_cli)
 # s390x's tests in two processes (pytest-xdist), aarch64's in one: three processes keep the 2 cores busy
 declare -A XDIST=([s390x]="-n 2" [aarch64]="")
 PACKAGES=python3,python3-dev,python3-pip,python3-numpy,python3-cffi,python3-jsonschema,python3-pytest

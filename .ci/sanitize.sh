@@ -56,10 +56,10 @@ start=$SECONDS
 # PYTHONMALLOC=malloc puts Python objects (the descriptor bytes the C scanner reads) in malloc'd
 # blocks with ASan redzones; it slows hypothesis too much for the generated tests, run apart.
 (cd "$WORK" && LD_PRELOAD="$LIBASAN" PYTHONMALLOC=malloc "$PYTHON" -m pytest -q -p no:cacheprovider \
-    -o addopts="" tests/test_lowlevel.py tests/test_crc32c.py tests/test_malformed.py tests/test_conformance.py)
+    -o addopts="" tests/core/test_lowlevel.py tests/core/test_crc32c.py tests/hostile/test_malformed.py tests/core/test_conformance.py)
 (cd "$WORK" && LD_PRELOAD="$LIBASAN" TENSORLIST_FUZZ_EXAMPLES="$FUZZ_EXAMPLES" "$PYTHON" -m pytest -q \
-    -p no:cacheprovider -o addopts="" tests/test_fastpath.py tests/test_fuzz.py tests/test_security.py \
-    tests/test_roundtrip.py)
+    -p no:cacheprovider -o addopts="" tests/core/test_fastpath.py tests/hostile/test_fuzz.py tests/hostile/test_security.py \
+    tests/core/test_roundtrip.py)
 echo "sanitized tests: $((SECONDS - start)) s"
 
 echo "== 1b. ThreadSanitizer over the C test driver (threaded reads, writes, CRC helper threads)"

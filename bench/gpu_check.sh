@@ -19,5 +19,5 @@ if [ -d .whl ]; then
 fi
 python3 setup.py -q build_ext --inplace >"$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
-python3 -m pytest -q -p no:cacheprovider tests/test_device_load.py tests/test_loops_cuda.py 2>&1 | tee "$OUT/gpu_tests.log"
+python3 -m pytest -q -p no:cacheprovider tests/adapters/test_device_load.py tests/trainers/test_loops_cuda.py 2>&1 | tee "$OUT/gpu_tests.log"
 python3 bench/bench_gpu_load.py --gib 2 --repeat 5 --json "$OUT/gpu_bench.json" 2>&1 | tee "$OUT/gpu_bench.txt"

@@ -42,7 +42,7 @@
  * 64-bit crc32 instruction. Rounds of 3 x 8 KiB run while they fit, then
  * rounds of 3 x 256 bytes (the join costs about a tenth of such a round), then
  * one stream. csrc/gen_crc32c_tables.py derives K (shift_constant), and
- * tests/test_crc32c.py checks these values against it. */
+ * tests/core/test_crc32c.py checks these values against it. */
 #define TL_CRC3_BLOCK 8192
 #define TL_CRC3_K1 0x54a86326u /* shift by one block */
 #define TL_CRC3_K2 0x1dc403ccu /* shift by two blocks */

@@ -1,5 +1,5 @@
 /* What cffi sees of csrc/tensorlist.h (cffi's cdef takes no preprocessor
- * directives). tests/test_lowlevel.py checks that it matches tensorlist.h. */
+ * directives). tests/core/test_lowlevel.py checks that it matches tensorlist.h. */
 #define TL_LIST_ALIGNMENT 4096
 #define TL_MIN_TENSOR_ALIGNMENT 8
 #define TL_MAX_THREADS 64

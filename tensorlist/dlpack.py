@@ -6,7 +6,7 @@
 ``torch.from_dlpack``, ``mlx.core.array``... take it without going through a
 numpy copy, and without tensorlist importing any framework. What each
 framework then does (aliases the file's pages or copies them) is measured in
-docs/FRAMEWORKS.md, "DLPack and zero-copy", and checked by tests/test_dlpack.py.
+docs/FRAMEWORKS.md, "DLPack and zero-copy", and checked by tests/adapters/test_dlpack.py.
 
 The protocol, in order:
 

@@ -16,19 +16,20 @@ import os
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 
 import socket
+import sys
 import types
 import uuid
 
 import pytest
 
-# The helper scripts and support modules (_ddp_script.py, _loop_script.py, _fuzz_worker.py,
-# _record_support.py) are run as children or imported by tests, and hold no doctests: collecting them
-# under --doctest-modules would import them here, and the training scripts set torch's thread count
-# for the whole session when imported.
-collect_ignore_glob = ["_*.py"]
+# The helper scripts and support modules (tests/support/: _ddp_script.py, _loop_script.py, _fuzz_worker.py,
+# _record_support.py...) are run as children or imported by tests by their bare names, and hold no
+# doctests: collecting them under --doctest-modules would import them here, and the training scripts set
+# torch's thread count for the whole session when imported.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
 # The corpus generator is a script too (test_conformance runs it where the installed ml_dtypes has every
 # dtype): importing it for doctests would fail collection where ml_dtypes lacks one (0.4: float8_e8m0fnu).
-collect_ignore = ["conformance/make_corpus.py"]
+collect_ignore = ["support", "conformance/make_corpus.py"]
 
 #: The bucket the ``s3`` fixture creates.
 S3_BUCKET = "tensorlist-tests"

@@ -33,10 +33,11 @@ def test_no_module_skips_the_tests_above_it():
     missing (the notorch leg, the foreign CPUs): put those tests in a module of their own or take the
     framework through a fixture."""
     bad = {}
-    for name in sorted(os.listdir(HERE)):
-        if name.startswith("test_") and name.endswith(".py"):
-            with open(os.path.join(HERE, name), encoding="utf-8") as f:
-                lines = _late_module_skips(f.read())
-            if lines:
-                bad[name] = lines
+    for folder, _, names in sorted(os.walk(HERE)):
+        for name in sorted(names):
+            if name.startswith("test_") and name.endswith(".py"):
+                with open(os.path.join(folder, name), encoding="utf-8") as f:
+                    lines = _late_module_skips(f.read())
+                if lines:
+                    bad[os.path.relpath(os.path.join(folder, name), HERE)] = lines
     assert not bad, bad

@@ -123,7 +123,7 @@ _MEMORY_FORMATS = frozenset(("contiguous_format", "channels_last", "preserve_for
 class _Shape:
     """The schema's rules written out by hand (step 2 on every read: jsonschema takes seconds on big files).
 
-    ``tests/test_dcp.py`` feeds the same table of documents to this and to
+    ``tests/dcp/test_dcp.py`` feeds the same table of documents to this and to
     jsonschema and checks that both accept and refuse the same ones.
     """
 

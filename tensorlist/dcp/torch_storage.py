@@ -25,7 +25,7 @@ What changes is the storage (docs/FORMAT.md, "Distributed checkpoints (DCP)"):
 
 ``dcp.async_save`` works with this writer as its own stager (a CPU copy kept
 across saves) and with torch's ``DefaultStager(StagingOptions(...))`` and
-``async_checkpointer_type=PROCESS`` (tests/test_dcp_async.py).
+``async_checkpointer_type=PROCESS`` (tests/dcp/test_dcp_async.py).
 
 Imports torch (an adapter), ``dcp.layout``, ``dcp.metadata``, ``dcp.ranges``,
 ``dcp.shards``, ``writer``, ``format``, ``_torch_bridge``, ``backends``,

@@ -6,7 +6,7 @@
  *   test_core [CORPUS_TABLE FILE...]
  *
  * CORPUS_TABLE is tests/c/corpus.txt (made by tests/c/corpus_table.py from the corpus's
- * manifest.json; tests/test_platforms.py checks it is current): the item size of each dataType code
+ * manifest.json; tests/core/test_platforms.py checks it is current): the item size of each dataType code
  * and, for each corpus file, what tl_json_scan and tl_parse_tensors must answer. Every FILE must be
  * in the table and every file of the table among the FILEs. Prints one line per failed check and
  * "test_core: N passed, M failed"; exits 0 only when nothing failed.

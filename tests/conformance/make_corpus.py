@@ -3,7 +3,7 @@
 
 Run ``python tests/conformance/make_corpus.py [OUT_DIR]`` (default: this directory). The output is
 deterministic: every byte comes from this script (no tensorlist writer, no random names), so
-tests/test_conformance.py can check that the committed corpus is what this script makes.
+tests/core/test_conformance.py can check that the committed corpus is what this script makes.
 
 manifest.json lists one case per descriptor:
 

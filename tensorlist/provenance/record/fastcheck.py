@@ -11,7 +11,7 @@ the entries that may break the item rule, in order.
 It holds no rule of its own that decides an error: ``core`` judges each entry
 named here by the reference checks (strict JSON, then the schema's own item
 rule) and stops at the first that fails, so the message and the field are the
-schema path's. ``tests/test_record_fastcheck.py`` holds the screen to the schema:
+schema path's. ``tests/provenance/test_record_fastcheck.py`` holds the screen to the schema:
 no entry the schema or strict JSON refuses passes it.
 
 The item rules (``schemas/training-record.schema.json``, ``history``):

@@ -4,7 +4,7 @@ Writing: the Statement is signed in-process with ``cryptography`` (ECDSA over
 DSSE's pre-authentication encoding, the hash sized to the curve, as
 ``model_signing``'s key and certificate signers do), so a sign costs hashing
 plus a few milliseconds rather than ``model_signing``'s 0.5 s of imports.
-``tests/test_signing.py`` checks every kind of bundle written here with the
+``tests/provenance/test_signing.py`` checks every kind of bundle written here with the
 stock ``model_signing`` CLI and library.
 
 Reading is hostile-input work, in this order: size cap, strict JSON with the

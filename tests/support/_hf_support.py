@@ -1,0 +1,25 @@
+"""What the Trainer tests and their DDP script (tests/support/_hf_trainer_ddp_script.py) share: the data and the model."""
+import torch
+
+
+class Tokens(torch.utils.data.Dataset):
+    """16 fixed sequences of 8 token ids (labels = inputs: a language-model objective)."""
+
+    def __init__(self, n=16, length=8):
+        self.x = torch.randint(0, 64, (n, length), generator=torch.Generator().manual_seed(0))
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.x[i], "labels": self.x[i]}
+
+
+def tiny_gpt2():
+    """A one-layer GPT-2 built from a config (nothing downloaded), seeded."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=64, n_positions=16,
+                                     bos_token_id=0, eos_token_id=0)
+    return transformers.GPT2LMHeadModel(config)
