@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The C core on other compilers, systems and CPUs (docs/ARCHITECTURE.md, "Platforms").
+# The C core on other compilers, systems and CPUs (docs/DEVELOPMENT.md, "Platforms").
 #
 #   .ci/cross.sh        (CI calls it from .ci/run; about 2 minutes on 2 cores, plus installing)
 #

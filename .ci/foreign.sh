@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The Python package itself on other CPUs (README "What CI tests", docs/ARCHITECTURE.md "Platforms"):
+# The Python package itself on other CPUs (docs/DEVELOPMENT.md, "Platforms"):
 # s390x (big-endian) and aarch64, each a Debian bookworm root file system made from Debian's packages
 # and run through binfmt_misc and qemu-user, as a user there would: Debian's python3 and numpy, the
 # package built from this tree with `pip install --no-deps .`, then

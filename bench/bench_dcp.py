@@ -38,7 +38,7 @@ bfloat16. Timed, each the slowest rank's time, median of ``--repeat`` runs
 
 Ratios print as ``FileSystem time / tensorlist time`` (above 1: tensorlist
 faster) and ``stall / blocking save`` (below 1: the loop waits less), next to
-the targets of issue 12 (save >= 1.0x, load >= 1.5x, stall <= 0.2x).
+the targets (save >= 1.0x, load >= 1.5x, stall <= 0.2x).
 
 Usage:
     python bench/bench_dcp.py [--quick] [--mib 256] [--world 2] [--load-world 4] [--repeat 3] [--dir DIR]

@@ -28,7 +28,7 @@ dropped, no root needed). Saves write fresh files into an emptied directory, wit
 after each run (untimed), so that no run pays for another's writeback. None of the saves timed against each
 other fsyncs (tensorlist ``durable=False``, still atomic); ``tensorlist.jax.save(durable=True)`` is shown
 apart. Each number is the median of ``--repeat`` runs, contenders interleaved in a new seeded order each
-round. Ratios are ``contender time / tensorlist time``: "tensorlist is N x faster". The targets of issue 17
+round. Ratios are ``contender time / tensorlist time``: "tensorlist is N x faster". The targets
 (JAX load >= 5x safetensors.flax; every save >= 1x) are printed with the measured ratios.
 
 Usage:
@@ -417,7 +417,7 @@ def report(cases: List[Case], size: int, meta: Dict[str, Any], out) -> Dict[str,
             rows.append({"key": c.key, "label": c.label, "samples": c.samples, "median_s": c.median,
                          "gib_per_s": gibs, "ref": c.ref, "ratio_vs_ref": ratio, "note": c.note})
         summary["groups"][group] = rows
-    w("\n=== targets (issue 17, item 8): ratio = other time / tensorlist time (medians; 'min' = the ratio of the "
+    w("\n=== targets: ratio = other time / tensorlist time (medians; 'min' = the ratio of the "
       "fastest runs, less hit by a busy machine) ===\n")
     w(f"{'target':<56} {'ratio':>6} {'min':>6} {'need':>5}  met\n")
     targets = list(TARGETS)

@@ -20,7 +20,7 @@ and cold (each file's pages evicted with ``posix_fadvise(DONTNEED)`` before
 each run, no root needed: the read from disk is measured too). Each number is
 the median of ``--repeat`` runs, contenders interleaved in a new order each
 round. Ratios are ``contender time / tensorlist time``: above 1 means
-tensorlist is faster. The target (issue 12, part 5) is printed with them.
+tensorlist is faster. The target is printed with them.
 
 ``--device cpu`` runs every code path on the CPU as a smoke test (what CI can
 run); its times measure host copies, not a device load.
@@ -186,7 +186,7 @@ def main(argv=None) -> int:
             print(f"{'contender':48s} {'time s':>8s} {'GB/s':>7s} {'other/tl':>9s}")
             for name, t in row.items():
                 print(f"{name:48s} {t:8.3f} {nbytes / t / 1e9:7.2f} {t / ours:8.2f}x")
-        print("\n=== targets (issue 12, part 5)")
+        print("\n=== targets")
         for cache, row in results.items():
             ours = row["tensorlist.load(device=)"]
             for peer in ("safetensors safe_open(device=) + get_tensor", "torch.load(map_location=, mmap=True)"):

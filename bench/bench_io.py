@@ -31,7 +31,7 @@ save are deleted and ``sync()`` is called between timed runs (untimed), so that
 no run pays for the previous run's writeback.
 
 Ratios are ``contender time / tensorlist time``: above 1 means tensorlist is
-faster. The targets of the project (issues 2 and 23) are printed next
+faster. The targets are printed next
 to the measured ratios.
 
 Usage:
@@ -507,7 +507,7 @@ TARGETS = [
     ("save >= 0.8x raw write()", "A", "save", "tl_durable", ["raw_fsync"], 0.8,
      "both fsync'd"),
     ("save >= 0.8x raw write() (no fsync)", "A", "save", "tl", ["raw"], 0.8, "neither fsync'd"),
-    ("save, CRC32C on, >= 0.9x raw write() (issue 23)", "A", "save", "tl", ["raw"], 0.9, "neither fsync'd"),
+    ("save, CRC32C on, >= 0.9x raw write()", "A", "save", "tl", ["raw"], 0.9, "neither fsync'd"),
     ("lazy open >= 5x safe_open(pt)+get_tensor", "A", "open", "tl", ["st_pt"], 5.0, ""),
     ("full load >= 1.5x safetensors.numpy.load_file", "A", "load", "tl", ["st_np"], 1.5,
      "tensorlist mmap=False (private copy) vs load_file"),
@@ -560,7 +560,7 @@ def report(results: Dict[str, Dict[str, List[Case]]], meta: Dict[str, Any], out)
                              "gib_per_s": gibs, "us_per_tensor": per, "ref": c.ref,
                              "ratio_vs_ref": ratio, "note": c.note})
             summary["workloads"][wl][op] = rows
-    w("\n=== targets (issues 2 and 23): ratio = other time / tensorlist time (medians; "
+    w("\n=== targets: ratio = other time / tensorlist time (medians; "
       "'min' = ratio of the fastest runs) ===\n")
     w(f"{'target':<54} {'ratio':>6} {'min':>6} {'need':>5}  {'met':<4} compared with\n")
     for label, wl, op, tl_key, others, need, how in TARGETS:

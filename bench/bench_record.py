@@ -14,7 +14,7 @@ learning rates) saved as a JSON file:
 * ``tensorlist record FILE --plot`` on a record with ``--groups`` parameter
   groups (20,000 by default; matplotlib's Agg backend), in a child process.
 
-No targets are asserted; the figures are quoted in docs/SECURITY.md (limits).
+No targets are asserted.
 
     python bench/bench_record.py
     python bench/bench_record.py --epochs 100000 --bad 50000 --groups 2000   # quick

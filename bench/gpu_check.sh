@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The GPU checks of the device load path, as one prepared run for a session that has a device
-# machine (see the README's "Loading onto a GPU"). On that machine python3 has torch (CUDA),
+# The GPU checks of the device load path, as one prepared run on a machine with a CUDA
+# device (see docs/LOOPS.md on GPUs). On that machine python3 has torch (CUDA),
 # numpy, ml_dtypes, safetensors, hypothesis and pytest, but not cffi or jsonschema: carry them as
 # wheels in .whl/ (ignored by git), made here once with
 #   echo /.whl/ >> .git/info/exclude

@@ -688,7 +688,7 @@ def check_data_path(desc: ListDescriptor, allow_outside: bool = False) -> None:
     when the descriptor file is itself a symlink, the directory of its target
     (content-addressed caches keep both files as symlinks into one blob
     directory). ``allow_outside=True`` trusts any target. The test is
-    ``_files.inside``, the one :func:`confine` applies inside a checkpoint
+    ``_base.files.inside``, the one :func:`confine` applies inside a checkpoint
     directory: a descriptor confined there has its data file confined too.
     """
     if allow_outside or desc.base_dir is None:

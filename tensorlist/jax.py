@@ -2,7 +2,7 @@
 
 A tree file is a named TensorList: one tensor per leaf, named by its key path
 (``params/dense/kernel``), and in the descriptor's metadata the tree's
-structure (``_tree``'s spec) with the caller's metadata::
+structure (``_base.tree``'s spec) with the caller's metadata::
 
     {"format": "tensorlist.jax-tree/1", "tree": <spec>, "metadata": <metadata>}
 
@@ -38,7 +38,7 @@ layout); ``load`` of a directory reads it back onto any target sharding.
 A ``flax.FrozenDict`` node comes back as a ``FrozenDict`` when the program
 has imported flax, else as a dict: a file never causes an import.
 
-Imports ``_jax_bridge`` (the one jax <-> numpy conversion), ``_tree``, ``_loaded``,
+Imports ``_bridges.jax`` (the one jax <-> numpy conversion), ``_base.tree``, ``_base.loaded``,
 ``reader``, ``writer`` and ``jax_shards`` (checkpoint directories).
 """
 from __future__ import annotations
@@ -163,9 +163,9 @@ def save(path, tree: Any, *, metadata: Any = None, sharded: bool = False, alignm
         TypeError: a leaf that is not an array (a string), a dtype tensorlist
             does not store, a key neither str nor int, a container that would
             come back as another type, an int outside int64's range, a PRNG
-            key of an impl not in ``_tree.PRNG_KEY_IMPLS``; each naming its path.
+            key of an impl not in ``_base.tree.PRNG_KEY_IMPLS``; each naming its path.
         ValueError: an array sharded across processes without ``sharded=True``;
-            a tree deeper than ``_tree.MAX_TREE_DEPTH``.
+            a tree deeper than ``_base.tree.MAX_TREE_DEPTH``.
 
     Example:
         >>> import jax.numpy as jnp, tempfile, os, tensorlist.jax as tlj
@@ -311,7 +311,7 @@ def _targets(spec, plan: _tree.Plan, sharding, device, stored: Dict[str, Tuple[T
              downcast: bool, cast: bool, file: str) -> Tuple[Dict[str, Tuple[Any, Any]], Dict[int, Callable]]:
     """Each leaf to read -> ``(placement, dtype to cast to or None)``, and ``build``'s ``replace``.
 
-    Walks the spec in preorder (as ``_tree.check`` numbers its steps) beside
+    Walks the spec in preorder (as ``_base.tree.check`` numbers its steps) beside
     the target tree, checking the one against the other, then checks every
     leaf's stored dtype (or the dtype it is cast to) and every key leaf's data.
     """

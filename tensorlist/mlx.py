@@ -8,9 +8,9 @@ no page is read twice. bfloat16 goes both ways. Dtypes MLX cannot hold
 bytes for ``mx.from_fp8``) are refused before any array is made, naming
 the file, the tensor and the dtype (MLX itself would round complex128 to
 complex64, and raise a bare ``std::bad_cast`` on float8). The conversions live
-in ``_mlx_bridge``; see docs/FRAMEWORKS.md.
+in ``_bridges.mlx``; see docs/FRAMEWORKS.md.
 
-Imports ``_mlx_bridge``, ``_dtypes``, ``reader`` and ``writer``.
+Imports ``_bridges.mlx``, ``_base.dtypes``, ``reader`` and ``writer``.
 """
 from __future__ import annotations
 

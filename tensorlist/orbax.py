@@ -416,5 +416,5 @@ class TensorListHandler:
                    for x in leaves)
 
 
-#: The Python scalars a tree stores as values (``_tree``'s ``scalar`` node).
+#: The Python scalars a tree stores as values (``_base.tree``'s ``scalar`` node).
 _SCALARS = (bool, int, float)

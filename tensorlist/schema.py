@@ -73,7 +73,7 @@ def _check_tree(desc: ListDescriptor, file: Optional[str]) -> ListDescriptor:
     """A tree file's rule (``tensorlist.jax``): its metadata's tree names every tensor exactly once.
 
     For a descriptor whose metadata has the format ``tensorlist.jax-tree/1``:
-    the header's fields, and ``_tree.check`` of its spec against the tensor
+    the header's fields, and ``_base.tree.check`` of its spec against the tensor
     names (kinds, keys, every tensor one leaf). Any other metadata is not checked.
     """
     header = _tree.tree_header(desc.metadata, file=file, field=f"{desc.pointer}/metadata")
@@ -92,7 +92,7 @@ def validate(obj, *, pointer: Optional[str] = None, base_dir=None, check_data: b
     A tree file's descriptor (metadata of format ``tensorlist.jax-tree/1``, as
     ``tensorlist.jax.save`` writes it) also has its tree checked against its
     tensors: every leaf names a stored tensor, every tensor is one leaf, every
-    node of a known kind with keys of the right types (``_tree.check``).
+    node of a known kind with keys of the right types (``_base.tree.check``).
 
     Args:
         obj: a path or URL of a JSON document, a JSON string, or a parsed dict.

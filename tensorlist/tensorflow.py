@@ -8,9 +8,9 @@ float8 types are copied (``tf.bitcast`` refuses them; ``tf.constant`` takes
 ml_dtypes arrays); ``float8_e8m0fnu``, which TensorFlow lacks, is refused before
 any tensor is made, naming the file, the tensor and the dtype. Saving reads
 each CPU tensor's buffer in place (DLPack; float8 through ``.numpy()``, a
-copy). The conversions live in ``_tf_bridge``; see docs/FRAMEWORKS.md.
+copy). The conversions live in ``_bridges.tf``; see docs/FRAMEWORKS.md.
 
-Imports ``_tf_bridge``, ``_dtypes``, ``reader`` and ``writer``.
+Imports ``_bridges.tf``, ``_base.dtypes``, ``reader`` and ``writer``.
 """
 from __future__ import annotations
 

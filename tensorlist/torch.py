@@ -5,11 +5,11 @@ reported :class:`LoadResult`), ``save_optimizer_state``/``load_optimizer_state``
 and :func:`match_state`, the one comparison of a module's state with another
 mapping (used by ``nn.load_model_weights`` and the loops' resume too). The
 tensor conversion itself (``to_numpy``, ``from_numpy``, ``torch_dtype``) lives
-in ``_torch_bridge`` and is re-exported here. See docs/LOOPS.md.
+in ``_bridges.torch`` and is re-exported here. See docs/LOOPS.md.
 
-Imports ``_torch_bridge``, ``_jsonio`` and ``errors``; ``reader`` on the first load (``_staging`` on the
+Imports ``_bridges.torch``, ``_base.jsonio`` and ``errors``; ``reader`` on the first load (``torch`` on the
 first load onto an accelerator),
-``_states``, ``writer`` and ``record`` where first used, so that ``import tensorlist.torch`` costs about
+``_base.states``, ``writer`` and ``record`` where first used, so that ``import tensorlist.torch`` costs about
 what ``import safetensors.torch`` does (``bench/bench_startup.py``), and a program that only loads
 never imports the writer.
 """
@@ -311,7 +311,7 @@ def optimizer_state_from_parts(tensors: Mapping[str, torch.Tensor], meta: Mappin
 
     Raises:
         FormatError: ``meta`` is not an optimizer state's, or of the wrong
-            structure (``_states.check_optimizer_dict``), or a tensor it lists
+            structure (``_base.states.check_optimizer_dict``), or a tensor it lists
             is missing; naming ``file`` and the field.
     """
     if not isinstance(meta, Mapping) or meta.get("format") != OPTIMIZER_STATE_FORMAT:
@@ -418,7 +418,7 @@ def check_optimizer_state(optimizer, sd: Mapping, *, where: str = "optimizer sta
     """Raises ValueError when ``sd`` cannot belong to ``optimizer`` (groups, sizes, shapes, keys).
 
     A ``sd`` of the wrong structure, or whose group settings are not of the
-    JSON types the optimizer's own are (``_states.check_like``: ``lr`` a
+    JSON types the optimizer's own are (``_base.states.check_like``: ``lr`` a
     string), is a FormatError naming ``where`` and the field.
     """
     from tensorlist._base.states import check_like, check_optimizer_dict

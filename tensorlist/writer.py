@@ -1,13 +1,13 @@
 """Writing: ``save``, the streaming :class:`Writer`, ``write_data`` and ``save_document``.
 
-Tensors are prepared and laid out by ``_items`` (shared with the remote
+Tensors are prepared and laid out by ``_storage.items`` (shared with the remote
 writer), written by the C core straight from the caller's buffers, and
-committed through ``_commit``'s one atomic replacement protocol (data file,
+committed through ``_storage.commit``'s one atomic replacement protocol (data file,
 then descriptor; see its docstring). URLs go to the registered backend
 (``backends``).
 
-Imports ``_items``, ``_commit``, ``backends``, ``format``, ``_jsonio``,
-``_dtypes`` and ``lowlevel``; never ``remote`` or torch.
+Imports ``_storage.items``, ``_storage.commit``, ``backends``, ``format``, ``_base.jsonio``,
+``_base.dtypes`` and ``lowlevel``; never ``remote`` or torch.
 """
 from __future__ import annotations
 
@@ -291,7 +291,7 @@ def document_lists(document: Any, where) -> List[Tuple[str, List[Item], Any]]:
     """The :class:`Tensors` placeholders of a document to save: ``[(pointer, items, metadata)]``.
 
     Checks everything before any byte is written: the document is strict JSON
-    that reads back (``_jsonio.check_json``, placeholders skipped), each list's
+    that reads back (``_base.jsonio.check_json``, placeholders skipped), each list's
     tensors can be stored and its metadata is strict JSON at the depth it will
     sit. Shared by the local and the remote ``save_document``.
 

@@ -202,7 +202,7 @@ def _ml_row(code: int, name: str, itemsize: int, since: str) -> DType:
 # Ordered by code. lamp itself writes 0-7, 11 and 15. An ml_dtypes row names the
 # oldest release that has its type, from the declared floor (0.4.0) on: every
 # one of them is in 0.4.0 but float8_e8m0fnu, added in 0.5.0 (ml_dtypes'
-# CHANGELOG.md, and checked by installing both).
+# release notes, and checked by installing both).
 DTYPES: tuple = (
     _np_row(0, "uint8", np.uint8),
     _np_row(1, "int8", np.int8),

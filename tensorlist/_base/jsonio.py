@@ -200,7 +200,7 @@ def _check_utf8(s: str, at, file) -> None:
                           file=file, field=field or "/") from None
 
 
-# --- lamp's exact style (jsoniter-scala defaults, lamp.md section 1.2) -------
+# --- lamp's exact style (jsoniter-scala defaults, lamp's JSON writer) -------
 
 _LAMP_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
 

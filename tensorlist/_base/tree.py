@@ -30,7 +30,7 @@ print alike get a ``~1``, ``~2``... suffix in the order met, so names are
 unique, and only the spec, never the names, rebuilds the tree.
 
 Depth: each tree level costs two JSON levels (a node and its children
-array), and no strict reader takes JSON deeper than ``_jsonio.MAX_DEPTH``, so
+array), and no strict reader takes JSON deeper than ``_base.jsonio.MAX_DEPTH``, so
 a tree deeper than :data:`MAX_TREE_DEPTH` is refused when saved and when
 read; every walk here is iterative, never recursive.
 
@@ -43,7 +43,7 @@ a FormatError naming the file, the JSON pointer of the node, and its path in
 the tree. Every reader of a spec goes through it: ``tensorlist.jax.load``,
 ``schema.validate``, the Orbax handler and the command line.
 
-A namedtuple's ``type`` is resolved by ``_loaded.loaded_object`` only: a file
+A namedtuple's ``type`` is resolved by ``_base.loaded.loaded_object`` only: a file
 never causes an import (docs/SECURITY.md, "No import caused by a file").
 """
 from __future__ import annotations
@@ -498,7 +498,7 @@ def _namedtuple_class(type_name: Any, fields: List[str], file, where) -> type:
     """The namedtuple class ``type_name`` ("module:qualname") if its module is imported, else one made alike.
 
     The name is resolved only among what the program has imported
-    (``_loaded.loaded_object``): the file's module is never imported, nor is a
+    (``_base.loaded.loaded_object``): the file's module is never imported, nor is a
     lazy attribute (``numpy:f2py.X``); a class not found so comes back as
     ``collections.namedtuple`` of the same name and fields.
     """

@@ -1,7 +1,7 @@
-"""The only jax <-> numpy conversion of the package (a leaf: imports jax, numpy, ``_dtypes``).
+"""The only jax <-> numpy conversion of the package (a leaf: imports jax, numpy, ``_base.dtypes``).
 
 Every module that meets a ``jax.Array`` (``tensorlist.jax``, the sharded
-checkpoints of ``_jax_shards``) converts through here, so that every path
+checkpoints of ``dcp.jax_shards``) converts through here, so that every path
 applies the same dtype rules and refuses the same arrays:
 
 - a dtype jax cannot hold is refused with a TypeError naming the tensor;

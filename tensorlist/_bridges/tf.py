@@ -1,4 +1,4 @@
-"""The only TensorFlow <-> numpy conversion of the package (a leaf: imports tensorflow, numpy, ``_dtypes``).
+"""The only TensorFlow <-> numpy conversion of the package (a leaf: imports tensorflow, numpy, ``_base.dtypes``).
 
 What TensorFlow 2.21 does, measured, and what follows here:
 
@@ -147,7 +147,7 @@ def from_numpy(a: np.ndarray, where: str = "tensor") -> "tf.Tensor":
 
 
 def _native(a: np.ndarray) -> np.ndarray:
-    """``a`` in the host's byte order (a copy), swapping through unsigned-integer views (as ``_dtypes.as_little``)."""
+    """``a`` in the host's byte order (a copy), swapping through unsigned-integer views (as ``_base.dtypes.as_little``)."""
     part = a.dtype.itemsize // 2 if a.dtype.kind == "c" else a.dtype.itemsize
     flat = np.ascontiguousarray(a).reshape(-1).view(np.dtype(f"u{part}").newbyteorder(a.dtype.byteorder))
     return flat.astype(f"=u{part}").view(a.dtype.newbyteorder("=")).reshape(a.shape)

@@ -26,7 +26,7 @@ committing; what it skips, a later save sweeps.
 :func:`atomic_file` gives single files (converters' outputs, records) the same
 guarantee: a temporary name, fsync, rename, directory fsync.
 
-Imports ``format``, ``_jsonio`` and ``lowlevel`` (``fsync``: the one durability rule) only.
+Imports ``format``, ``_base.jsonio`` and ``lowlevel`` (``fsync``: the one durability rule) only.
 """
 from __future__ import annotations
 

@@ -2,13 +2,13 @@
 
 An :class:`Item` is one tensor ready for the C core: C-contiguous bytes, its
 dtype row and the element size to byte-swap (0 for little-endian input). A
-torch tensor is converted through ``_torch_bridge``, imported only when one is
+torch tensor is converted through ``_bridges.torch``, imported only when one is
 passed. :func:`layout` places items at aligned offsets; :func:`descriptor_text`
 and :func:`fast_descriptor_text` make the descriptor JSON. ``writer`` (local
 files) and ``remote`` (streamed uploads) both write through these, so the two
 lay out and describe tensors identically.
 
-Imports ``dtypes``, ``_lowlevel`` (CRC32C), ``_jsonio``, ``errors`` and ``format`` (constants) only.
+Imports ``dtypes``, ``_base.lowlevel`` (CRC32C), ``_base.jsonio``, ``errors`` and ``format`` (constants) only.
 """
 from __future__ import annotations
 

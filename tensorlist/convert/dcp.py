@@ -23,13 +23,13 @@ The ``dcp`` destination (:func:`write_dcp`) writes the layout as
 one shard per source shard (the chunks kept as they were; any other source
 becomes one shard holding each tensor as one chunk, and its ``dcpValues``
 metadata becomes bytes entries again), each through :class:`tensorlist.Writer`,
-then ``.metadata.json`` (checked first) through ``dcp_read.commit_metadata``,
+then ``.metadata.json`` (checked first) through ``dcp.commit_metadata``,
 the commit point; then the files of the checkpoint it replaced are deleted. A
 failure before the commit leaves the previous checkpoint in the directory as it
 was. URLs work for ``dcp`` sources and destinations, and for ``torch-dcp`` sources.
 
-Imports ``dcp_read``, ``writer``, ``_backends``, ``_jsonio``,
-``_dtypes``, ``format``, ``errors``, ``formats`` and ``distcp`` (fsspec for URLs).
+Imports ``dcp``, ``writer``, ``_base.backends``, ``_base.jsonio``,
+``_base.dtypes``, ``format``, ``errors``, ``formats`` and ``distcp`` (fsspec for URLs).
 """
 from __future__ import annotations
 

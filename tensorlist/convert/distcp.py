@@ -40,8 +40,8 @@ place that opens them (locally through ``format.open_regular`` and ``pread``,
 remotely through fsspec's ``size`` and ranged ``cat_file``), so both go through
 the same checks. A remote record is fetched alone, by its byte range.
 
-Imports ``format``, ``errors``, ``_jsonio``, ``_dtypes``, ``_backends``,
-``dcp_read`` and ``formats``; fsspec for URLs; torch (and ``_torch_bridge``)
+Imports ``format``, ``errors``, ``_base.jsonio``, ``_base.dtypes``, ``_base.backends``,
+``dcp`` and ``formats``; fsspec for URLs; torch (and ``_bridges.torch``)
 only when a record is loaded, so the metadata reads without torch.
 """
 from __future__ import annotations

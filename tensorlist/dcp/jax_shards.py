@@ -2,7 +2,7 @@
 
 A sharded save is a checkpoint directory in exactly the layout
 :mod:`tensorlist.dcp` reads (docs/FORMAT.md, "Distributed checkpoints
-(DCP)"), so ``dcp_read.read_full``, ``validate_checkpoint``, ``tensorlist
+(DCP)"), so ``dcp.read_full``, ``validate_checkpoint``, ``tensorlist
 validate``/``inspect``/``convert`` and torch's ``dcp.load`` read it as they
 read any other. Each array is a tensor whose fqn is its name (the leaf's key
 path, ``params/dense/kernel``); ``tensorlist.jax``'s tree header goes in the
@@ -44,8 +44,8 @@ file) is a view of the mapping itself (zero-copy onto a CPU device when
 other block is assembled from the intersecting chunks' sub-blocks into one new
 buffer.
 
-Imports jax, ``_jax_bridge`` (every jax <-> numpy conversion and dtype rule),
-``dcp_read`` (the layout), ``writer``, ``format``, ``dtypes``, ``_jsonio``,
+Imports jax, ``_bridges.jax`` (every jax <-> numpy conversion and dtype rule),
+``dcp`` (the layout), ``writer``, ``format``, ``dtypes``, ``_base.jsonio``,
 ``backends`` and ``errors``.
 """
 from __future__ import annotations

@@ -8,7 +8,7 @@ A checkpoint of this layout (docs/FORMAT.md, "Distributed checkpoints (DCP)") is
 - ``.metadata.json``: the global metadata (``schemas/dcp-metadata.schema.json``),
   written last, atomically, by the coordinator: the commit point of the save.
 
-Imports ``_commit``, ``_jsonio``, ``backends`` and ``errors``; never torch.
+Imports ``_storage.commit``, ``_base.jsonio``, ``backends`` and ``errors``; never torch.
 
 Example:
     >>> shard_name(3, "0a1b2c3d"), tensor_key("w", (0, 4)), is_save_file("3.0a1b2c3d.tl")
@@ -42,7 +42,7 @@ DCP_VERSION = "1.0.0"
 # Files a save of this layout creates: shard descriptors, their data files, and
 # the temporary names of both (a killed save leaves those); group 2 is the saveId.
 _SAVE_FILE = re.compile(r"\A\.?([0-9]+)\.([0-9a-f]{8})\.tl(\.[0-9a-f]{8}\.data)?(\.[0-9a-f]{8}\.tmp)?\Z")
-# The metadata's temporary name while it is committed (``_commit.tmp_beside``): a coordinator killed before the
+# The metadata's temporary name while it is committed (``_storage.commit.tmp_beside``): a coordinator killed before the
 # rename leaves it behind. It belongs to no save.
 _METADATA_TMP = re.compile(r"\A\.\.metadata\.json\.[0-9a-f]{8}\.tmp\Z")
 #: What :func:`is_save_file` answers for a metadata temporary file: no saveId, so every sweep deletes it.
@@ -212,7 +212,7 @@ def commit_metadata(path, doc: dict, *, durable: bool = True) -> None:
     """Writes ``doc`` as the checkpoint's ``.metadata.json``: the commit point of every save of this layout.
 
     At a URL it is one put (an object store's put is atomic); locally it goes
-    through ``_commit.atomic_file`` (temporary name, fsync, rename, directory
+    through ``_storage.commit.atomic_file`` (temporary name, fsync, rename, directory
     fsync), so a reader sees the old metadata or the new, never a part.
     """
     text = (dumps(doc) + "\n").encode("utf-8")

@@ -15,7 +15,7 @@ names the metadata file and, in its message, the fqn at fault:
    one of its chunks; exactly one entry per chunk and per bytes key; its file
    is one of ``files``; ``byteLength`` is the chunk's ``numel x itemsize``.
 
-Imports ``dcp.layout``, ``dcp.tiling``, ``format``, ``schema``, ``_jsonio``, ``dtypes``, ``backends``,
+Imports ``dcp.layout``, ``dcp.tiling``, ``format``, ``schema``, ``_base.jsonio``, ``dtypes``, ``backends``,
 ``errors`` (jsonschema for :func:`schema_check`); never torch.
 
 Example:

@@ -28,8 +28,8 @@ across saves) and with torch's ``DefaultStager(StagingOptions(...))`` and
 ``async_checkpointer_type=PROCESS`` (tests/dcp/test_dcp_async.py).
 
 Imports torch (an adapter), ``dcp.layout``, ``dcp.metadata``, ``dcp.ranges``,
-``dcp.shards``, ``writer``, ``format``, ``_torch_bridge``, ``backends``,
-``_jsonio``, ``dtypes`` and ``errors`` (fsspec for URLs). Loaded by
+``dcp.shards``, ``writer``, ``format``, ``_bridges.torch``, ``backends``,
+``_base.jsonio``, ``dtypes`` and ``errors`` (fsspec for URLs). Loaded by
 :mod:`tensorlist.dcp` when a storage class is first asked for; ``loops.sharded``
 imports it (lazily, for sharded checkpoints).
 

@@ -43,7 +43,7 @@ drop empty dicts. This module reads it without torch:
 :func:`read_sharded_loop_state` (the JSON only, for resuming) and
 :func:`read_checkpoint` on the directory (everything, for inspection).
 
-Imports ``format``, ``_datafile``, ``_jsonio``, ``writer``, ``dcp_read`` and ``loops.state``.
+Imports ``format``, ``_storage.datafile``, ``_base.jsonio``, ``writer``, ``dcp`` and ``loops.state``.
 """
 from __future__ import annotations
 
@@ -266,7 +266,7 @@ def read_checkpoint(path) -> dict:
 
     A directory is read as a sharded checkpoint, for inspection: the loop
     state with each tensor reference replaced by the arrays it names, whole
-    (assembled from every rank's shards with numpy, ``dcp_read.read_full``):
+    (assembled from every rank's shards with numpy, ``dcp.read_full``):
     ``model`` and ``minValidationLossModel``/``averagedModels`` by parameter
     name, ``optimizer`` by DCP's flattened names (``state.<param name>.<key>``,
     ``param_groups.<i>.<key>``, values included), and the ranks' generator

@@ -11,7 +11,7 @@ files, and resuming from a checkpoint (:meth:`Run.restore`), one way for all
 three loops and both checkpoint formats (a document from rank 0, or a sharded
 DCP directory every rank writes: ``loops.sharded``, imported only then).
 
-Imports torch, ``record``, ``torch`` (the adapters), ``_torch_bridge`` and
+Imports torch, ``record``, ``torch`` (the adapters), ``_bridges.torch`` and
 ``loops.batches``, ``loops.checkpoint``, ``loops.config``, ``loops.state``
 (and ``loops.sharded`` when a run uses sharded checkpoints).
 """

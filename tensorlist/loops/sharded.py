@@ -23,7 +23,7 @@ and the model's layout now: a checkpoint saved on 2 processes resumes on 1 or
 none (the run grew) takes rank 0's, as every rank of a fresh run starts from
 the same ``seed``.
 
-Imports torch (``torch.distributed.checkpoint``), ``dcp``, ``dcp_read``,
+Imports torch (``torch.distributed.checkpoint``), ``dcp``, ``dcp``,
 ``torch`` (the adapters) and ``loops.checkpoint``, ``loops.state``.
 """
 from __future__ import annotations

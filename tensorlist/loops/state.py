@@ -14,7 +14,7 @@ resumed run draws the same numbers); :func:`rng_state_json` and
 rank stores in a sharded checkpoint); :func:`seed_rngs` seeds them for a fresh
 run. How a State becomes a checkpoint document is ``loops.checkpoint``.
 
-Imports numpy, torch, ``_torch_bridge``, ``_states`` and ``errors`` only (no other module of ``loops``).
+Imports numpy, torch, ``_bridges.torch``, ``_base.states`` and ``errors`` only (no other module of ``loops``).
 """
 from __future__ import annotations
 
@@ -119,7 +119,7 @@ def rng_state() -> Tuple[Dict[str, np.ndarray], dict]:
 
 
 def set_rng_state(tensors: Mapping[str, np.ndarray], meta: Mapping, *, file=None, field: str = "rng") -> None:
-    """Restores what :func:`rng_state` returned, once all of it is checked (``_states.check_rng_state``:
+    """Restores what :func:`rng_state` returned, once all of it is checked (``_base.states.check_rng_state``:
     FormatError naming ``file`` and the field, and no generator changed, when a part is of the wrong size
     or type)."""
     tensors, meta = check_rng_state(tensors, meta, file=file, field=field)

@@ -1,7 +1,7 @@
 """Crash consistency of every save path under SIGKILL, at forced and at random moments.
 
 Forced kill points: a child process imports tensorlist once and forks one grandchild per kill
-point; the grandchild wraps ``os.open``, ``_lowlevel.fsync``, ``os.rename`` and ``os.unlink`` so that it
+point; the grandchild wraps ``os.open``, ``_base.lowlevel.fsync``, ``os.rename`` and ``os.unlink`` so that it
 SIGKILLs itself just before or just after their N-th call during a save (the data file's create,
 fsync and rename, the descriptor's create, fsync and rename (the commit point), the directory
 fsync, the deletion of the old data file, the sweep). Each save path (``save``, the streaming

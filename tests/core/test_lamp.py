@@ -1,6 +1,6 @@
 """lamp compatibility: golden bytes of lamp mode, reading files as lamp writes them, lamp's JSON style.
 
-The golden texts are lamp.md section 1.5 (derived there from lamp's Writer and jsoniter-scala's
+The golden texts are lamp's own output (derived there from lamp's Writer and jsoniter-scala's
 defaults); the golden data bytes were written out by hand from IEEE-754 little-endian encodings:
 float32 0..10 = 00000000 0000803f 00000040 00004040 00008040 0000a040 0000c040 0000e040 00000041
 00001041 00002041, int64 -2 = feffffffffffffff, float16 1.0/-2.0 = 003c/00c0, bfloat16
@@ -230,7 +230,7 @@ def _lamp_data(arrays):
 
 
 def test_reads_a_lamp_stateio_checkpoint(tmp_path):
-    """lamp.md 1.5 (c): a SimpleLoopState embedding three TensorLists, one inside a tuple."""
+    """A lamp SimpleLoopState embedding three TensorLists, one inside a tuple."""
     w, b = np.arange(25, dtype="<f4").reshape(5, 5), np.arange(5, dtype="<f4") - 2
     opt = [np.array(3.0, "<f8"), w * 2, b * 2, w * 3, b * 3]
     (tmp_path / "ckpt.model").write_bytes(_lamp_data([w, b]))

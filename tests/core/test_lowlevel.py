@@ -376,7 +376,7 @@ def test_every_release_still_works_once_teardown_cleared_the_module(tmp_path, mo
 
 
 def test_every_c_owned_region_is_released_through_owned():
-    """One ffi.gc in the package, in ``_lowlevel.owned``, and no other finalizer to fail at exit."""
+    """One ffi.gc in the package, in ``_base.lowlevel.owned``, and no other finalizer to fail at exit."""
     package = Path(_lowlevel.__file__).parent.parent
     found = [(p.relative_to(package).as_posix(), n) for p in sorted(package.rglob("*.py"))
              for n, line in enumerate(p.read_text().splitlines(), 1)

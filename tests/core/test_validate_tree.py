@@ -2,7 +2,7 @@
 
 A descriptor whose metadata has the format ``tensorlist.jax-tree/1`` (what ``tensorlist.jax.save``
 writes) is valid only if its tree names every stored tensor exactly once, with nodes of known kinds and
-keys of the right types: the same ``_tree.check`` ``tensorlist.jax.load`` runs, without importing jax.
+keys of the right types: the same ``_base.tree.check`` ``tensorlist.jax.load`` runs, without importing jax.
 A checkpoint directory with a tree (``tensorlist.jax.save(sharded=True)``) is checked by the CLI alike.
 The files here are written with numpy only (the tree codec is stdlib); the directory case needs jax.
 """

@@ -1,4 +1,4 @@
-"""Hostile checkpoint directories, one class each, built as an attacker would (issue 18, item 9).
+"""Hostile checkpoint directories, one class each, built as an attacker would.
 
 Every checkpoint here is built with numpy alone (``test_dcp_cli.make_checkpoint``) and then broken: a
 shard, the metadata or a stock ``.distcp`` file symlinked out of the directory; malformed tagged JSON in a

@@ -1,9 +1,9 @@
-"""Hostile tree specs, against every entry point that reads one (issue 22, classes 1 and 2).
+"""Hostile tree specs, against every entry point that reads one.
 
 A tree spec (``tensorlist.jax``'s ``/metadata/tree``, or a sharded directory's ``/tree/tree`` in
 ``.metadata.json``) is read by ``tensorlist.jax.load``, ``tensorlist.validate``, Orbax's
 ``TensorListCheckpointHandler.metadata`` and the command line's ``inspect`` and ``validate``; all of
-them go through one check, ``_tree.check``. The files are saved by the package (through Orbax's
+them go through one check, ``_base.tree.check``. The files are saved by the package (through Orbax's
 ``Checkpointer`` and ``tensorlist.jax.save(sharded=True)``), then edited as an attacker would.
 
 - Class 1, a field of the wrong JSON type: every value of the spec replaced in turn by a list, an

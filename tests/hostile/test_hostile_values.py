@@ -1,6 +1,6 @@
 """Every JSON value a reader takes from a file is untrusted: any value, of any type, at any place.
 
-One class of test for two classes of defect (issue 16, item 8): a value of the wrong type used as a
+One class of test for two classes of defect: a value of the wrong type used as a
 lookup key (an unhashable list or dict reaching ``in`` or ``[]``: ``TypeError: unhashable type``),
 and a text converted to an integer without bound (``int()`` of 5,000 digits: Python's
 ``ValueError: Exceeds the limit (4300 digits)``). Each file kind below is written valid, then every
