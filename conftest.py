@@ -29,6 +29,8 @@ if importlib.util.find_spec("jax") is None:
 # The Orbax adapter imports orbax-checkpoint (and jax): its doctests need both.
 if importlib.util.find_spec("orbax") is None or importlib.util.find_spec("jax") is None:
     collect_ignore += ["tensorlist/orbax.py"]
+if importlib.util.find_spec("transformers") is None:  # TensorListTrainer's module imports transformers at its top
+    collect_ignore += ["tensorlist/huggingface/trainer.py"]
 if importlib.util.find_spec("lightning") is None:  # tensorlist.lightning needs lightning (and torch)
     collect_ignore += ["tensorlist/lightning"]
 if importlib.util.find_spec("cryptography") is None:  # tensorlist.provenance.signing's example makes a key (tensorlist[sign])

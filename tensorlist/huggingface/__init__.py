@@ -24,8 +24,8 @@ sees ``(models, input_dir)`` and ``load_accelerator_state`` then reads
 registered on the accelerator, as ``Accelerator.save_state`` does, so hooks
 that save extra files (diffusers') keep working.
 
-transformers (:data:`TensorListTrainer`, a ``transformers.Trainer`` subclass
-made on first use) writes ``checkpoint-N/`` as ``model.json``,
+transformers (:class:`TensorListTrainer`, a ``transformers.Trainer`` subclass
+in ``tensorlist.huggingface.trainer``) writes ``checkpoint-N/`` as ``model.json``,
 ``optimizer.json``, ``scheduler.json``, ``scaler.json``, ``rng_state.json``
 (``rng_state_<rank>.json`` on several processes), ``config.json``,
 ``training_args.json`` (``TrainingArguments.to_json_string``, not the pickled
@@ -39,7 +39,8 @@ call that unpickles (the stock loaders, ``torch.load(weights_only=True)``).
 Only single-device and DDP runs are handled: FSDP, DeepSpeed, Megatron-LM,
 XLA and SageMaker saves raise NotImplementedError (sharded state belongs to
 ``tensorlist.dcp``). Nothing imports this module; it imports accelerate and
-transformers only where they are used. See docs/LOOPS.md ("Hugging Face").
+transformers only where they are used (``TensorListTrainer``, whose module
+imports transformers, on first access). See docs/LOOPS.md ("Hugging Face").
 """
 from __future__ import annotations
 
@@ -55,8 +56,8 @@ from tensorlist._storage.commit import atomic_file
 from tensorlist.huggingface.states import (  # noqa: F401 - re-exported: the file names and state files of both integrations
                          MODEL_FILE, OPTIMIZER_FILE, PICKLE_NAME, SCALER_FILE, SCHEDULER_FILE, STATE_FORMAT,
                          TRAINING_ARGS_FILE, export_pretrained, load_rng, plain, read_state_file, refuse_pickles,
-                         save_rng, save_state_file)
-from tensorlist.huggingface.trainer import last_checkpoint, trainer_class, trainer_record  # noqa: F401 - re-exported
+                         save_rng, save_state_file, last_checkpoint)
+from tensorlist.huggingface.record import trainer_record  # noqa: F401 - re-exported
 from tensorlist._base.jsonio import dumps
 from tensorlist._base.states import check_sampler_state
 from tensorlist.errors import FormatError
@@ -339,7 +340,15 @@ def _set_loader_state(loader, state: Mapping, tensors: Mapping) -> None:
 
 
 def __getattr__(name: str):
-    # the Trainer subclass needs transformers' Trainer as its base: made (and transformers imported) on first use
+    # PEP 562: TensorListTrainer's module imports transformers (the class's base) at its top, so it is
+    # imported on first access only; the Accelerate half and the rest of this package never need it.
     if name == "TensorListTrainer":
-        return trainer_class()
+        from tensorlist.huggingface.trainer import TensorListTrainer
+
+        globals()[name] = TensorListTrainer  # later accesses skip this hook
+        return TensorListTrainer
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | {"TensorListTrainer"})

@@ -6,14 +6,20 @@ describe how they were made), and the epoch and value of the best
 checkpoint's weights once ``load_best_model_at_end`` has loaded them.
 The value the record follows is the Trainer's own choice of metric:
 ``eval_<metric_for_best_model>``, ``eval_loss`` when none is set (the
-Trainer's default for ``load_best_model_at_end`` too).
+Trainer's default for ``load_best_model_at_end`` too). :func:`trainer_record`
+puts these together into the record of the Trainer's weights now.
+
+Needs no transformers: it reads the Trainer's attributes only, so
+``tensorlist.huggingface`` re-exports it without importing transformers.
 """
 from __future__ import annotations
 
 import math
 from typing import List, Mapping, Optional, Tuple
 
-from tensorlist.provenance.record import spec
+from tensorlist._base.jsonio import loads_strict
+from tensorlist.huggingface.states import plain
+from tensorlist.provenance.record import build_training_record, optimizer_record, spec
 
 _WHERE = "validation.function"
 
@@ -141,3 +147,54 @@ def best_weights(state, metric: str, done: int) -> Optional[Tuple[int, float]]:
         if entry.get("step") == step and metric in entry and isinstance(epoch, (int, float)) and math.isfinite(epoch):
             return min(done, max(1, math.ceil(epoch - 1e-9))), float(value)
     return None
+
+
+def trainer_record(trainer, kind: str = "final"):
+    """The training record of a ``TensorListTrainer``'s weights now (None before it has an optimizer).
+
+    Filled from what the Trainer knows: the optimizer's groups and the
+    scheduler as they were when training started, ``TrainingArguments.seed``,
+    the hash of the starting weights, the loader's settings, the epochs asked
+    and completed (``state.epoch``, counted from 1), the per-epoch history
+    from ``state.log_history`` and, in ``solver.solver_params``, the global
+    step, the whole ``log_history`` and the training arguments. A Trainer
+    that evaluates gets a ``validation`` section and each epoch's last
+    ``eval_<metric_for_best_model>`` (``eval_loss`` by default) in the
+    history; a final save after ``load_best_model_at_end`` loaded the best
+    checkpoint is ``best_validation`` weights (:func:`best_weights`).
+    """
+    start = getattr(trainer, "_tensorlist_start", None) or {}
+    opt_section = start.get("optimizer")
+    if opt_section is None:
+        if trainer.optimizer is None:
+            return None
+        sched = None if trainer.lr_scheduler is None else plain(trainer.lr_scheduler)
+        opt_section = optimizer_record(plain(trainer.optimizer), model=trainer.model, scheduler=sched,
+                                       scheduler_step=None if sched is None else "batch")
+    st, args = trainer.state, trainer.args
+    done = int(math.floor((st.epoch or 0) + 1e-9))
+    asked = math.ceil(st.num_train_epochs) if getattr(st, "num_train_epochs", None) else math.ceil(args.num_train_epochs)
+    metric = metric_key(args)
+    loss, valid, rates = epoch_history(st.log_history or [], done, metric)
+    groups = opt_section.get("parameter_groups")
+    if groups and len(groups) > 1:
+        rates = [per_group(r, groups) for r in rates]
+    best = getattr(trainer, "_tensorlist_best", False) and kind == "final" and best_weights(st, metric, done)
+    loader = getattr(trainer.callback_handler, "train_dataloader", None)
+    if loader is None:
+        loader = {"batch_size": args.per_device_train_batch_size, "shuffle": None,
+                  "drop_last": bool(args.dataloader_drop_last), "sampler": None}
+    return build_training_record(
+        optimizer=opt_section, train_loader=loader, epochs_asked=max(asked, done), epochs_done=done,
+        training_loss=loss, validation_values=valid, learning_rates=rates, model=trainer.model, seed=args.seed,
+        weights_kind="best_validation" if best else kind, weights_epoch=best[0] if best else done,
+        weights_validation=best[1] if best else None,
+        validation=validation(trainer, metric, getattr(trainer, "tensorlist_eval_dataset_params", None)),
+        initial_weights_sha256=start.get("initial_weights_sha256"),
+        initial_weights=start.get("initial_weights") or trainer.tensorlist_initial_weights,
+        solver=type(trainer), solver_params={
+            "global_step": int(st.global_step), "epoch": st.epoch, "max_steps": int(st.max_steps or 0),
+            "validation_metric": metric,
+            "log_history": list(st.log_history or []), "training_args": loads_strict(args.to_json_string()),
+        },
+    )

@@ -6,7 +6,8 @@ tensorlist files whose metadata holds the state as tagged JSON
 :func:`load_rng`); the refusal of a directory holding a stock checkpoint's
 pickles (:func:`refuse_pickles`); the export of a model file for
 ``from_pretrained`` (:func:`export_pretrained`); the file names of a
-``checkpoint-N``. ``tensorlist.huggingface`` re-exports the public ones.
+``checkpoint-N`` and the newest complete one (:func:`last_checkpoint`).
+``tensorlist.huggingface`` re-exports the public ones.
 
 Imports torch (through ``torch``, the adapters), ``loops.state``, ``_states``,
 ``reader``, ``writer``, ``format``, ``_commit``, ``_jsonio`` and ``errors``;
@@ -23,7 +24,7 @@ from tensorlist._storage.commit import atomic_file
 from tensorlist._base.jsonio import dumps, from_tagged, to_tagged
 from tensorlist._base.states import check_like, check_rng_state
 from tensorlist.errors import FormatError
-from tensorlist.format import Limits, confine, read_regular
+from tensorlist.format import Limits, confine, read_json_file, read_regular
 from tensorlist.loops.state import rng_state, set_rng_state
 from tensorlist.torch import load_state as load_tensors
 
@@ -59,6 +60,33 @@ def refuse_pickles(directory, *, how: str = TRAINER_HOW) -> None:
     if found:
         raise FormatError(f"holds pickle files {found} (a stock checkpoint); tensorlist never unpickles: {how}",
                           file=directory)
+
+
+_TRAINER_CHECKPOINT = re.compile(r"checkpoint-([0-9]{1,18})\Z")
+
+
+def last_checkpoint(output_dir) -> Optional[str]:
+    """The newest complete ``checkpoint-N`` in ``output_dir`` (what ``resume_from_checkpoint=True`` takes).
+
+    Complete: its ``trainer_state.json``, which the Trainer writes last,
+    parses, and its ``model.json`` exists; a checkpoint whose save was cut
+    short is passed over (the stock ``get_last_checkpoint`` takes it).
+    """
+    output_dir = os.fspath(output_dir)
+    found = []
+    for name in os.listdir(output_dir):
+        m = _TRAINER_CHECKPOINT.match(name)
+        if m and os.path.isdir(os.path.join(output_dir, name)):
+            found.append((int(m.group(1)), name))
+    for _, name in sorted(found, reverse=True):
+        path = os.path.join(output_dir, name)
+        try:
+            read_json_file(confine(path, "trainer_state.json"), Limits())
+        except (OSError, FormatError):
+            continue
+        if os.path.isfile(os.path.join(path, MODEL_FILE)):
+            return path
+    return None
 
 
 def save_state_file(path, kind: str, state: Any, *, tensors: Optional[Mapping] = None, **metadata) -> None:

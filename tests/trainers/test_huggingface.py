@@ -507,14 +507,40 @@ def test_trainer_converted_stock_checkpoint_continues_the_stock_run(tmp_path):
 
 
 @pytest.mark.slow
-def test_trainer_class_is_made_on_first_use_only():
+def test_importing_the_package_imports_transformers_only_when_the_trainer_is_asked_for():
     import subprocess
     import sys
 
     code = ("import sys, tensorlist.huggingface as h; assert 'transformers' not in sys.modules; "
-            "assert 'accelerate' not in sys.modules; print('ok')")
+            "assert 'accelerate' not in sys.modules; assert callable(h.last_checkpoint) and callable(h.trainer_record); "
+            "assert 'TensorListTrainer' in dir(h); T = h.TensorListTrainer; assert 'transformers' in sys.modules; "
+            "from tensorlist.huggingface.trainer import TensorListTrainer; assert T is TensorListTrainer; "
+            "from tensorlist.huggingface import TensorListTrainer as U; assert U is T; print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "ok", out.stderr
+
+
+def test_an_unknown_name_of_the_package_is_an_attribute_error():
+    with pytest.raises(AttributeError, match="TensorListTrainers"):
+        hf.TensorListTrainers  # noqa: B018 - the module __getattr__ answers only TensorListTrainer
+
+
+@pytest.mark.slow
+def test_trainer_records_name_the_trainer_class_importably_without_a_warning(tmp_path, recwarn):
+    import importlib
+
+    from tensorlist.provenance.record._common import name_of
+
+    trainer = _trainer(tmp_path / "run", steps=3, save_steps=3)
+    trainer.train()
+    trainer.save_model(os.fspath(tmp_path / "final"))
+    assert not [w for w in recwarn if issubclass(w.category, RecordWarning)], [str(w.message) for w in recwarn]
+    for path in (tmp_path / "run" / "checkpoint-3" / "model.json", tmp_path / "final" / "model.json"):
+        named = verify_model_file(path)["solver"]["class"]
+        assert named == "tensorlist.huggingface.trainer.TensorListTrainer"
+        module, _, qualname = named.rpartition(".")
+        assert getattr(importlib.import_module(module), qualname) is hf.TensorListTrainer is type(trainer)
+        assert name_of(hf.TensorListTrainer) == (named, True)  # what the record's importable flag is made from
 
 
 def test_a_lambda_schedule_is_recorded_by_name_with_a_warning(tmp_path):
