@@ -27,12 +27,12 @@ refuses) are exported as numpy exports the unsigned integers of their width,
 with the capsule's type code then set to DLPack's (``kDLBfloat``,
 ``kDLFloat8_*``, DLPack 1.1): the same bytes, no copy.
 
-Imports numpy and ``lowlevel`` (its ``alloc``) only; ``ctypes`` when an
-ml_dtypes array is exported.
+Imports numpy, ``ctypes`` (which numpy imports already: the DLPack structs
+cost nothing at import) and ``lowlevel`` (its ``alloc``) only.
 """
 from __future__ import annotations
 
-import functools
+import ctypes
 from typing import Optional, Tuple
 
 import numpy as np
@@ -188,51 +188,55 @@ def _retyped(capsule, code: int):
     Safety: the capsule must be numpy's, not yet consumed; its DLManagedTensor
     (numpy's own allocation) is changed in place, its deleter kept.
     """
-    import ctypes
-
-    managed_t, versioned_t = _structs()
     api = ctypes.pythonapi
     api.PyCapsule_GetPointer.restype = ctypes.c_void_p
     api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
     api.PyCapsule_IsValid.restype = ctypes.c_int
     api.PyCapsule_IsValid.argtypes = [ctypes.py_object, ctypes.c_char_p]
     if api.PyCapsule_IsValid(capsule, b"dltensor_versioned"):
-        managed = versioned_t.from_address(api.PyCapsule_GetPointer(capsule, b"dltensor_versioned"))
+        managed = _ManagedVersioned.from_address(api.PyCapsule_GetPointer(capsule, b"dltensor_versioned"))
         if code >= _FLOAT8_FIRST_CODE:
             managed.version.minor = max(managed.version.minor, _FLOAT8_MINOR)
         tensor = managed.dl_tensor
     elif api.PyCapsule_IsValid(capsule, b"dltensor"):
-        tensor = managed_t.from_address(api.PyCapsule_GetPointer(capsule, b"dltensor")).dl_tensor
+        tensor = _Managed.from_address(api.PyCapsule_GetPointer(capsule, b"dltensor")).dl_tensor
     else:
         raise BufferError("numpy returned no unconsumed DLPack capsule")
     tensor.dtype.code = code
     return capsule
 
 
-@functools.lru_cache(maxsize=None)
-def _structs():
-    """The DLPack structs of dlpack.h (1.x) as ctypes Structures, made on first use (no ctypes at import)."""
-    import ctypes
+# The DLPack structs of dlpack.h (1.x), to retype a capsule numpy made (:func:`_retyped`).
 
-    class Device(ctypes.Structure):
-        _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
 
-    class DataType(ctypes.Structure):
-        _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+class _Device(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
 
-    class Tensor(ctypes.Structure):
-        _fields_ = [("data", ctypes.c_void_p), ("device", Device), ("ndim", ctypes.c_int32), ("dtype", DataType),
-                    ("shape", ctypes.c_void_p), ("strides", ctypes.c_void_p), ("byte_offset", ctypes.c_uint64)]
 
-    class Managed(ctypes.Structure):
-        _fields_ = [("dl_tensor", Tensor), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
+class _DataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
 
-    class Version(ctypes.Structure):
-        _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32)]
 
-    class ManagedVersioned(ctypes.Structure):
-        _fields_ = [("version", Version), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p),
-                    ("flags", ctypes.c_uint64), ("dl_tensor", Tensor)]
+class _Tensor(ctypes.Structure):
+    """DLTensor."""
 
-    return Managed, ManagedVersioned
+    _fields_ = [("data", ctypes.c_void_p), ("device", _Device), ("ndim", ctypes.c_int32), ("dtype", _DataType),
+                ("shape", ctypes.c_void_p), ("strides", ctypes.c_void_p), ("byte_offset", ctypes.c_uint64)]
+
+
+class _Managed(ctypes.Structure):
+    """DLManagedTensor: the legacy capsule's (``"dltensor"``)."""
+
+    _fields_ = [("dl_tensor", _Tensor), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
+
+
+class _Version(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32)]
+
+
+class _ManagedVersioned(ctypes.Structure):
+    """DLManagedTensorVersioned: the versioned capsule's (``"dltensor_versioned"``)."""
+
+    _fields_ = [("version", _Version), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p),
+                ("flags", ctypes.c_uint64), ("dl_tensor", _Tensor)]
 

@@ -52,27 +52,48 @@ __all__ = ["TensorListWriter", "TensorListReader", "read_full", "validate_checkp
 TORCH_NAMES = ("TensorListWriter", "TensorListReader")
 
 
-def _needs_torch(name: str, error: ImportError) -> type:
-    """A stand-in for ``name`` where torch is missing: importing it works, using it raises ImportError."""
-    message = (f"tensorlist.dcp.{name} needs torch (pip install 'tensorlist[torch]'): {error}; "
-               "read_full and validate_checkpoint work without it")
+class _NeedsTorch:
+    """Base of the stand-ins for the storage classes where torch is missing: using one raises ImportError.
 
-    class Missing:
-        __doc__ = f"Stand-in for {name}: torch is not installed. {message}"
+    Importing a stand-in works (``from tensorlist.dcp import TensorListWriter`` in a numpy-only
+    environment); making one, subclassing one or calling ``validate_checkpoint_id`` (which DCP calls
+    on the class) raises an ImportError naming torch, with why ``torch_storage`` did not import.
+    """
 
-        def __init__(self, *args: Any, **kwargs: Any):
-            raise ImportError(message, name="torch")
+    #: The public name a stand-in takes the place of (its ``stand_in=`` class keyword).
+    _name = ""
+    #: Why ``tensorlist.dcp.torch_storage`` did not import (set when the first stand-in is handed out).
+    _error: Any = None
 
-        def __init_subclass__(cls, **kwargs: Any):
-            raise ImportError(message, name="torch")
+    def __init__(self, *args: Any, **kwargs: Any):
+        raise self._missing()
 
-        @classmethod
-        def validate_checkpoint_id(cls, checkpoint_id) -> bool:
-            raise ImportError(message, name="torch")
+    def __init_subclass__(cls, stand_in: str = "", **kwargs: Any):
+        if not stand_in:  # a user's subclass of a stand-in: as unusable as the stand-in itself
+            raise cls._missing()
+        super().__init_subclass__(**kwargs)
+        cls._name = cls.__name__ = cls.__qualname__ = stand_in  # the name users import it by
 
-    Missing.__name__ = Missing.__qualname__ = name
-    Missing.__module__ = __name__
-    return Missing
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id) -> bool:
+        raise cls._missing()
+
+    @classmethod
+    def _missing(cls) -> ImportError:
+        return ImportError(f"tensorlist.dcp.{cls._name} needs torch (pip install 'tensorlist[torch]'): "
+                           f"{_NeedsTorch._error}; read_full and validate_checkpoint work without it", name="torch")
+
+
+class _WriterStandIn(_NeedsTorch, stand_in="TensorListWriter"):
+    """Stand-in for TensorListWriter: torch is not installed (pip install 'tensorlist[torch]')."""
+
+
+class _ReaderStandIn(_NeedsTorch, stand_in="TensorListReader"):
+    """Stand-in for TensorListReader: torch is not installed (pip install 'tensorlist[torch]')."""
+
+
+#: The stand-in of each name of :data:`TORCH_NAMES`.
+_STAND_INS = {"TensorListWriter": _WriterStandIn, "TensorListReader": _ReaderStandIn}
 
 
 def __getattr__(name: str) -> Any:
@@ -83,7 +104,8 @@ def __getattr__(name: str) -> Any:
     except ImportError as e:
         if not (e.name or "").split(".")[0] == "torch":
             raise
-        value = _needs_torch(name, e)
+        _NeedsTorch._error = e
+        value = _STAND_INS[name]
     else:
         value = getattr(storage, name)
     globals()[name] = value

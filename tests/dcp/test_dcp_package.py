@@ -49,6 +49,17 @@ def test_using_a_storage_class_without_torch_raises_an_import_error_naming_torch
     assert out.stdout.startswith("refused torch | tensorlist.dcp.TensorList") and "needs torch" in out.stdout
 
 
+def test_the_stand_ins_are_module_level_classes_named_as_those_they_stand_for():
+    out = child("from tensorlist.dcp import TensorListReader, TensorListWriter\n"
+                "for c in (TensorListWriter, TensorListReader):\n"
+                "    print(c.__module__, c.__qualname__, c.__name__, isinstance(c, type))\n"
+                "    try:\n        c.validate_checkpoint_id('x')\n"
+                "    except ImportError as e:\n        print('refused', e.name)\n")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["tensorlist.dcp TensorListWriter TensorListWriter True", "refused torch",
+                                       "tensorlist.dcp TensorListReader TensorListReader True", "refused torch"]
+
+
 def test_the_numpy_only_modules_never_import_torch():
     out = child("import tensorlist.dcp, tensorlist.dcp, tensorlist.dcp.layout, tensorlist.dcp.metadata, "
                 "tensorlist.dcp.tiling, tensorlist.dcp.shards\nprint('ok')")

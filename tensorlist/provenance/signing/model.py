@@ -110,6 +110,23 @@ def _is_hex(s: str) -> bool:
         return False
 
 
+class _Precomputed:
+    """A ``model_signing`` hashing config that answers with a manifest of digests computed already.
+
+    It stands in for the library's ``hashing.Config`` (the two methods its
+    verifier calls), so that the stock check does not hash every file again.
+    """
+
+    def __init__(self, manifest):
+        self._manifest = manifest
+
+    def hash(self, model_path, *, files_to_hash=None):
+        return self._manifest
+
+    def add_ignored_paths(self, *, model_path, paths):
+        pass  # the manifest was made with the ignored paths left out
+
+
 def _stock_check(root: str, signature: str, expected: Dict[str, str], ignored, public_key, certificate_chain):
     """The same signature checked by the ``model_signing`` library itself, over the digests computed here."""
     try:
@@ -119,16 +136,9 @@ def _stock_check(root: str, signature: str, expected: Dict[str, str], ignored, p
         return
     args = {"method": "files", "hash_type": "sha256", "allow_symlinks": False}
     kind = ms_manifest.SerializationType.from_args(dict(args, ignore_paths=list(ignored)))
-
-    class Precomputed:  # model_signing's hashing.Config, answered from the digests already computed
-        def hash(self, model_path, *, files_to_hash=None):
-            items = [kind.new_item(n, Digest("sha256", bytes.fromhex(d))) for n, d in expected.items()]
-            return ms_manifest.Manifest(os.path.basename(root), items, kind)
-
-        def add_ignored_paths(self, *, model_path, paths):
-            pass
-
-    config = verifying.Config().set_hashing_config(Precomputed())
+    items = [kind.new_item(n, Digest("sha256", bytes.fromhex(d))) for n, d in expected.items()]
+    manifest = ms_manifest.Manifest(os.path.basename(root), items, kind)
+    config = verifying.Config().set_hashing_config(_Precomputed(manifest))
     if public_key is not None:
         config.use_elliptic_key_verifier(public_key=public_key)
     else:
