@@ -49,7 +49,7 @@ import statistics
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -151,6 +151,15 @@ def _failing(reason: str) -> Callable:
     return run
 
 
+#: The libraries of the JAX contenders, in the order :func:`_jax_libraries` gives them.
+JAX_LIBRARIES = ("tensorlist.jax", "tensorlist.orbax", "safetensors.flax", "flax.serialization", "orbax.checkpoint")
+
+
+def _jax_libraries() -> Dict[str, Tuple[Any, Optional[str]]]:
+    """``{name: (module, None) or (None, why it did not import)}`` of each JAX contender's library."""
+    return {name: _module(name) for name in JAX_LIBRARIES}
+
+
 def jax_cases(params, root: str, log) -> List[Case]:
     """JAX load and save contenders over the same tree (written once, untimed, for the loads)."""
     import jax
@@ -170,11 +179,9 @@ def jax_cases(params, root: str, log) -> List[Case]:
         jax.block_until_ready(sums)
         return float(sum(float(s) for s in sums))
 
-    tl_jax, tl_jax_err = _module("tensorlist.jax")
-    tl_orbax, tl_orbax_err = _module("tensorlist.orbax")
-    st_flax, st_err = _module("safetensors.flax")
-    flax_ser, flax_err = _module("flax.serialization")
-    ocp, ocp_err = _module("orbax.checkpoint")
+    libs = _jax_libraries()
+    (tl_jax, tl_jax_err), (tl_orbax, tl_orbax_err), (st_flax, st_err), (flax_ser, flax_err), (ocp, ocp_err) = (
+        libs[name] for name in JAX_LIBRARIES)
 
     files = os.path.join(root, "jax-files")
     os.makedirs(files)
@@ -235,8 +242,13 @@ def jax_cases(params, root: str, log) -> List[Case]:
         untouched_case("tl", "tensorlist.jax.load", lambda: tl_jax.load(p["tl"]), note="pages not yet read"),
         untouched_case("st", "safetensors.flax.load_file", lambda: st_flax.load_file(p["st"])),
     ]
+    return cases + _jax_save_cases(os.path.join(root, "jax-save"), tree, flat, libs)
 
-    out = os.path.join(root, "jax-save")
+
+def _jax_save_cases(out: str, tree, flat, libs) -> List[Case]:
+    """JAX save contenders writing ``tree`` (``flat``: its flat names) into ``out``, emptied around each run."""
+    (tl_jax, tl_jax_err), (tl_orbax, tl_orbax_err), (st_flax, st_err), (flax_ser, flax_err), (ocp, ocp_err) = (
+        libs[name] for name in JAX_LIBRARIES)
 
     def fresh():
         shutil.rmtree(out, ignore_errors=True)
@@ -251,7 +263,7 @@ def jax_cases(params, root: str, log) -> List[Case]:
         run = _failing(err) if err else fn
         return Case("JAX save", key, label, run, ref=ref, before=fresh, after=clean, note=note)
 
-    cases += [
+    return [
         save_case("tl", "tensorlist.jax.save(durable=False)", lambda: tl_jax.save(os.path.join(out, "m.tl"), tree,
                                                                                    durable=False),
                   tl_jax_err, note="atomic (temp file + rename), no fsync"),
@@ -272,7 +284,6 @@ def jax_cases(params, root: str, log) -> List[Case]:
                   lambda: _tl_orbax_save(ocp, tl_orbax, os.path.join(out, "t"), tree), tl_orbax_err or ocp_err,
                   note="the handler saves durable=True by default; here durable=False"),
     ]
-    return cases
 
 
 def _write_bytes(path: str, data: bytes) -> None:

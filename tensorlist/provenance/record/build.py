@@ -307,6 +307,27 @@ def _validation_section(validation, loss_spec) -> Optional[dict]:
     }
 
 
+def _optimizer_section(optimizer, model, scheduler, scheduler_step) -> dict:
+    """The record's ``optimizer``: a snapshot of a torch optimizer, or a copy of an :func:`optimizer_record` dict."""
+    if not isinstance(optimizer, Mapping):
+        return optimizer_record(optimizer, model=model, scheduler=scheduler, scheduler_step=scheduler_step)
+    if scheduler is not None or scheduler_step is not None:
+        raise ValueError("scheduler and scheduler_step belong to optimizer_record() when optimizer is a dict")
+    check_strict_json(optimizer, "optimizer")  # before the copy: the check also bounds the nesting
+    return copy_json(optimizer)
+
+
+def _solver_class(solver) -> Optional[str]:
+    """The dotted name the record's ``solver.class`` holds; a RecordWarning when it cannot be imported by it."""
+    if isinstance(solver, str) or solver is None:
+        return solver
+    target = solver if (inspect.isroutine(solver) or isinstance(solver, type)) else type(solver)
+    name, importable = name_of(target)
+    if not importable:
+        warn_unimportable("solver.class", name, "the training loop")
+    return name
+
+
 def build_training_record(
     *,
     optimizer,
@@ -376,13 +397,7 @@ def build_training_record(
         optional = arg != "epochs_done"
         if (value is not None or not optional) and int_or_none(value) is None:
             raise TypeError(f"{arg} must be an integer{' or None' if optional else ''}, got {value!r}")
-    if isinstance(optimizer, Mapping):
-        if scheduler is not None or scheduler_step is not None:
-            raise ValueError("scheduler and scheduler_step belong to optimizer_record() when optimizer is a dict")
-        check_strict_json(optimizer, "optimizer")  # before the copy: the check also bounds the nesting
-        opt = copy_json(optimizer)
-    else:
-        opt = optimizer_record(optimizer, model=model, scheduler=scheduler, scheduler_step=scheduler_step)
+    opt = _optimizer_section(optimizer, model, scheduler, scheduler_step)
     if weights_kind not in WEIGHTS_KINDS:
         raise ValueError(f"weights_kind must be one of {WEIGHTS_KINDS}, got {weights_kind!r}")
     done = int(epochs_done)
@@ -397,13 +412,7 @@ def build_training_record(
             f"or validation_values with a finite value at epoch {epoch}"
         )
     loss_spec = spec_or_none(loss, "solver.loss")
-    if isinstance(solver, str) or solver is None:
-        solver_class = solver
-    else:
-        target = solver if (inspect.isroutine(solver) or isinstance(solver, type)) else type(solver)
-        solver_class, importable = name_of(target)
-        if not importable:
-            warn_unimportable("solver.class", solver_class, "the training loop")
+    solver_class = _solver_class(solver)
     params = {k: v for k, v in dict(solver_params or {}).items() if k not in _WHERE_IT_RAN}
     if initial_weights is None:
         initial_weights = {"from": None, "origin": None}
