@@ -1,35 +1,48 @@
-"""tensorlist: lamp-compatible tensor list files with a zero-copy C core.
+"""tensorlist: lamp-compatible tensor list files, read zero-copy through a C core.
 
-A TensorList is a JSON descriptor (dims, dtype code, byte offset and length
-of each tensor, and the data file's location) over a raw little-endian data
-file. See docs/FORMAT.md for the specification.
+A TensorList is a JSON descriptor (each tensor's dims, dtype, offset and
+length) over one raw little-endian data file, memory-mapped when loaded:
 
-    >>> import numpy as np, tensorlist, tempfile, os
-    >>> path = os.path.join(tempfile.mkdtemp(), "model.tl")
+    >>> import numpy as np, tensorlist, tempfile
+    >>> path = tempfile.mkdtemp() + "/model.tl"
     >>> tensorlist.save(path, {"w": np.arange(6, dtype=np.float32).reshape(2, 3)})
     >>> tensorlist.load(path)["w"][1]
     array([3., 4., 5.], dtype=float32)
 
-The facade is lazy (PEP 562): ``import tensorlist`` runs only ``errors`` and
-``_backends``; each public name imports its module on first access, so a
-torch program's ``import tensorlist.torch`` pays for the reader, not for the
-writer, the JSON Schema or the URL backend. ``tensorlist.remote`` registers
-its URL handlers when ``_backends.dispatch`` first meets a URL.
+Here: ``save``, ``load``, ``open`` (a ``Reader``), ``validate``,
+``to_dlpack``, the errors (``FormatError``...) and the format's types and
+limits. Frameworks: ``tensorlist.torch``, ``.jax``, ``.mlx``, ``.tensorflow``,
+``.orbax`` (each imports its own); ``tensorlist.dcp`` (torch.distributed
+checkpoints), ``.convert``, ``.loops``, ``.lightning``, ``.huggingface``,
+``.provenance`` (training records, signing, lineage); the ``tensorlist``
+command. Each name is documented in its module (``help(tensorlist.reader)``).
+
+Documentation: docs/FORMAT.md (the specification), docs/FRAMEWORKS.md,
+docs/LOOPS.md, docs/PROVENANCE.md, docs/CLI.md; README.md to start.
 """
+# The facade is lazy (PEP 562): importing the package runs only ``errors`` and ``_base.backends``, and
+# each public name imports its module on first access (``__getattr__`` below), so that a torch program's
+# ``import tensorlist.torch`` pays for the reader, not for the writer, the JSON Schema or the URL backend;
+# ``tensorlist.remote`` registers its URL handlers when ``_backends.dispatch`` first meets a URL.
 from typing import TYPE_CHECKING
 
 from tensorlist._base import backends as _backends
-from tensorlist.errors import ChecksumError, FormatError, TensorListError
+from tensorlist.errors import ChecksumError as ChecksumError, FormatError as FormatError
+from tensorlist.errors import TensorListError as TensorListError
 
-if TYPE_CHECKING:  # what static checkers see; at run time __getattr__ below imports these on first access
-    from tensorlist.dlpack import to_dlpack
-    from tensorlist.format import (DEFAULT_ALIGNMENT, FORMAT_VERSION, LIST_ALIGNMENT, MAX_DESCRIPTOR_BYTES, MAX_TENSORS,
-                         MIN_TENSOR_ALIGNMENT, ListDescriptor, TensorInfo, find_tensor_lists)
-    from tensorlist.reader import Reader, load, load_document, open
-    from tensorlist.schema import load_schema, validate
-    from tensorlist.writer import Tensors, Writer, save, save_document, write_data
+if TYPE_CHECKING:  # what static checkers see ("X as X": re-exported); at run time __getattr__ imports them
+    from tensorlist.dlpack import to_dlpack as to_dlpack
+    from tensorlist.format import (DEFAULT_ALIGNMENT as DEFAULT_ALIGNMENT, FORMAT_VERSION as FORMAT_VERSION,
+                                   LIST_ALIGNMENT as LIST_ALIGNMENT, MAX_DESCRIPTOR_BYTES as MAX_DESCRIPTOR_BYTES,
+                                   MAX_TENSORS as MAX_TENSORS, MIN_TENSOR_ALIGNMENT as MIN_TENSOR_ALIGNMENT,
+                                   ListDescriptor as ListDescriptor, TensorInfo as TensorInfo,
+                                   find_tensor_lists as find_tensor_lists)
+    from tensorlist.reader import Reader as Reader, load as load, load_document as load_document, open as open
+    from tensorlist.schema import load_schema as load_schema, validate as validate
+    from tensorlist.writer import (Tensors as Tensors, Writer as Writer, save as save, save_document as save_document,
+                                   write_data as write_data)
 
-#: public name -> the module that defines it (imported on first access)
+#: public name -> the module that defines it (imported on first access); with the errors, the public names
 _HOMES = {
     **dict.fromkeys(("save", "Writer", "Tensors", "write_data", "save_document"), "writer"),
     **dict.fromkeys(("load", "open", "Reader", "load_document"), "reader"),
@@ -57,7 +70,7 @@ def __getattr__(name):
 
 
 def __dir__():
-    return sorted(set(globals()) | set(__all__) | _SUBMODULES)
+    return sorted(set(globals()) | set(_HOMES) | _SUBMODULES)
 
 
 def _load_to_device(path, device, **options):
@@ -83,29 +96,7 @@ _backends.provide(f"{__name__}.remote")
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "save",
-    "load",
-    "open",
-    "validate",
-    "Reader",
-    "Writer",
-    "Tensors",
-    "write_data",
-    "save_document",
-    "load_document",
-    "to_dlpack",
-    "find_tensor_lists",
-    "load_schema",
-    "ListDescriptor",
-    "TensorInfo",
-    "TensorListError",
-    "FormatError",
-    "ChecksumError",
-    "FORMAT_VERSION",
-    "LIST_ALIGNMENT",
-    "MIN_TENSOR_ALIGNMENT",
-    "DEFAULT_ALIGNMENT",
-    "MAX_DESCRIPTOR_BYTES",
-    "MAX_TENSORS",
-]
+#: What ``from tensorlist import *`` brings: the calls. The other public names (the classes, the errors, the
+#: format's constants) are used as ``tensorlist.<name>`` and documented in their modules: pydoc documents
+#: every ``__all__`` entry in full, so listing them here would make ``help(tensorlist)`` re-print each class.
+__all__ = ["save", "load", "open", "validate", "to_dlpack"]
