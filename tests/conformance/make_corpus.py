@@ -18,6 +18,7 @@ manifest.json lists one case per descriptor:
 
 Only numpy and ml_dtypes are needed, for the element values.
 """
+import functools
 import json
 import os
 import shutil
@@ -201,18 +202,24 @@ def with_tensor(i, **over):
     return d
 
 
-def make(out):
-    if os.path.isdir(os.path.join(out, "valid")):
-        shutil.rmtree(os.path.join(out, "valid"))
-    if os.path.isdir(os.path.join(out, "invalid")):
-        shutil.rmtree(os.path.join(out, "invalid"))
-    c = Corpus(out)
+def _bad(c, cid, rule, doc, why, pointer=None, data=None, **extra):
+    """One invalid case: the descriptor (and its data file, if any) and its manifest entry."""
+    file = f"invalid/{cid}.tl"
+    c.write(file, doc if isinstance(doc, bytes) else dumps(doc))
+    if data is not None:
+        c.write(f"invalid/{cid}.data", data)
+    c.case(cid, file, "error", pointer=pointer, rule=rule, why=why, **extra)
 
+
+def _valid_dtypes(c):
     # --- valid: every dtype -------------------------------------------------------------------
     for _, name, _ in DTYPES:
         arrays = [sample(name, (2, 3)), sample(name, ()), sample(name, (0, 4))]
         c.valid_list(f"dtype_{name}", arrays, ["m", "s", "e"], why=f"{name}: a matrix, a scalar, an empty tensor")
 
+
+
+def _valid_lamp(c):
     # --- valid: lamp-written layouts -----------------------------------------------------------
     lamp_text = (b'{"tensors":[{"dims":[2,3],"dataType":6,"byteOffset":0,"byteLength":24},'
                  b'{"dims":[5],"dataType":6,"byteOffset":24,"byteLength":20},'
@@ -237,6 +244,9 @@ def make(out):
     c.valid_list("lamp_escaped_names_free", [sample("uint8", (9,))], lamp=True,
                  why="a 9-byte tensor padded to 16")
 
+
+
+def _valid_extensions(c):
     # --- valid: tensorlist extensions and layouts ----------------------------------------------
     c.valid_list("named_crc_metadata", [sample("float32", (2, 3)), sample("float64", ())], ["w", "step"],
                  desc_extra={"metadata": {"epoch": 3, "note": [1, None, True]}},
@@ -286,6 +296,9 @@ def make(out):
     c.case("crc_mismatch", "valid/bad_crc.tl", "ok", tensors=expected([sample("int32", (4,))], ["x"]),
            verify="error", why="checksums are checked only on request")
 
+
+
+def _valid_embedded(c):
     # --- valid: embedded descriptors and shared data files -------------------------------------
     m = [sample("float32", (2, 2)), sample("bfloat16", (3,))]
     o = [sample("float64", (2,)), sample("int64", ())]
@@ -306,16 +319,13 @@ def make(out):
     c.case("embedded_escaped_pointer", "valid/ckpt.json", "ok", pointer="/a~0b~1c", tensors=[], verify="ok",
            why="RFC 6901 escapes ~0 and ~1")
 
+
+
+def _invalid_syntax_and_types(c):
     # --- invalid: one file per rule (several for some) -----------------------------------------
     c.write("invalid/base.data", BASE_DATA)
 
-    def bad(cid, rule, doc, why, pointer=None, data=None, **extra):
-        file = f"invalid/{cid}.tl"
-        c.write(file, doc if isinstance(doc, bytes) else dumps(doc))
-        if data is not None:
-            c.write(f"invalid/{cid}.data", data)
-        c.case(cid, file, "error", pointer=pointer, rule=rule, why=why, **extra)
-
+    bad = functools.partial(_bad, c)
     bad("r01_size_cap", 1, base(metadata="x" * 200), "descriptor above max_descriptor_bytes",
         limits={"max_descriptor_bytes": 256})
     bad("r02_duplicate_key", 2, dumps(base())[:-1] + b',"byteLength":32}', "a key twice in one object")
@@ -369,6 +379,10 @@ def make(out):
                                                      {k: v for k, v in BASE_TENSORS[1].items() if k != "name"}]},
         "some tensors named, some not")
     bad("r06_duplicate_names", 6, with_tensor(1, name="w"), "two tensors with one name")
+
+
+def _invalid_layout_and_files(c, out):
+    bad = functools.partial(_bad, c)
     bad("r07_complex32", 7, with_tensor(0, dataType=8), "complex32 has no numpy representation")
     bad("r07_unknown_code", 7, with_tensor(0, dataType=99), "an unknown ScalarType code")
     bad("r08_size_mismatch", 8, with_tensor(0, byteLength=12), "dims x itemsize != byteLength")
@@ -405,6 +419,22 @@ def make(out):
     bad("r13_region_past_file", 13, base(byteOffset=4096), "the region starts past the end of the file")
     bad("embedded_bad_pointer_target", 3, {"model": base(location=5)}, "an embedded list with a bad field",
         pointer="/model")
+
+
+
+def make(out):
+    if os.path.isdir(os.path.join(out, "valid")):
+        shutil.rmtree(os.path.join(out, "valid"))
+    if os.path.isdir(os.path.join(out, "invalid")):
+        shutil.rmtree(os.path.join(out, "invalid"))
+    c = Corpus(out)
+
+    _valid_dtypes(c)
+    _valid_lamp(c)
+    _valid_extensions(c)
+    _valid_embedded(c)
+    _invalid_syntax_and_types(c)
+    _invalid_layout_and_files(c, out)
 
     manifest = {
         "format": "tensorlist conformance corpus",
