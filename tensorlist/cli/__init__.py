@@ -473,14 +473,10 @@ def cmd_record(args) -> int:
     else:
         for k, v in _summary_of(rec).items():  # validated once, by _record_source
             print(f"{k}: {v}")
-        hist = rec["history"]
-        print(f"{'epoch':>5}  {'training loss':>14}  {'validation':>12}  learning rate")
-        for i, loss in enumerate(hist["training_loss"]):
-            val = hist["validation"][i] if i < len(hist["validation"]) else None
-            lr = hist["learning_rate"][i] if i < len(hist["learning_rate"]) else None
-            fmt = (lambda x: "-" if x is None else f"{x:.6g}")
-            lr_text = ", ".join(fmt(x) for x in lr) if isinstance(lr, list) else fmt(lr)
-            print(f"{i + 1:>5}  {fmt(loss):>14}  {fmt(val):>12}  {lr_text}")
+        from tensorlist.provenance.record import history_table
+
+        for line in history_table(rec):  # the demo prints the same table
+            print(line)
     if args.plot:
         note = _plot(plt, rec, args.plot, args.file)
         print(f"learning curves written to {args.plot}" + (f" ({note})" if note else ""), file=sys.stderr)

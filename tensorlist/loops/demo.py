@@ -6,7 +6,8 @@ noise), trains ``ConvLSTMPeephole -> pooling -> BatchNorm -> Linear`` with
 :func:`tensorlist.loops.with_swa` (warm-up with validation and the
 min-validation model, then cyclic SWA and a batch-norm refresh), checkpoints
 every epoch, and prints the model files, their training-record summaries and
-the learning curve.
+the learning curve as the final model file records it (the table ``tensorlist
+record`` prints: epochs from 1, the validation value the loop used).
 
 Imports torch, ``nn``, ``record`` and the ``tensorlist.loops`` facade (lazily:
 ``tensorlist demo`` needs the loops only for its last part).
@@ -23,6 +24,8 @@ import torch
 __all__ = ["run_demo", "moving_patterns", "DirectionNet"]
 
 DIRECTIONS = ("right", "left", "down", "up")
+#: The warm-up's validation smoothing factor (``validation_loss_exponential_smoothing_factor``).
+SMOOTHING = 0.7
 
 
 def moving_patterns(n: int, *, frames: int = 5, size: int = 8, seed: int = 0):
@@ -86,7 +89,7 @@ def run_demo(out_dir: Optional[str] = None, *, warmup_epochs: int = 4, swa_epoch
 
 def _run_demo(out_dir, warmup_epochs, swa_epochs, say) -> dict:
     from tensorlist.loops import nn as tnn
-    from tensorlist.provenance.record import dataset_content_hash, verify_model_file
+    from tensorlist.provenance.record import dataset_content_hash, epoch_number, history_table, verify_model_file
     from tensorlist.loops import CyclicSWA, Decrement, Minibatches, with_swa
 
     t0 = time.perf_counter()
@@ -105,26 +108,28 @@ def _run_demo(out_dir, warmup_epochs, swa_epochs, say) -> dict:
         model, optimizer, Minibatches(x, y, 32, seed=0), loss_fn=torch.nn.functional.cross_entropy,
         warmup_epochs=warmup_epochs, swa_epochs=swa_epochs, validation=Minibatches(vx, vy, 128, shuffle=False),
         return_min_validation_loss_model=True, learning_rate_schedule=Decrement(2, 0.5),
-        swa_schedule=CyclicSWA(0.05, 0.5, 2), validation_loss_exponential_smoothing_factor=0.7,
+        swa_schedule=CyclicSWA(0.05, 0.5, 2), validation_loss_exponential_smoothing_factor=SMOOTHING,
         out_dir=out_dir, dataset_params=data_record, seed=0, initial_weights={"from": "random_state"},
     )
     acc = tnn.evaluate(model, (vx, vy), [tnn.Top1Accuracy(), tnn.Loss()], batch_size=128)
     say("model files (each carries the training record and the data record):")
+    records = {}
     for kind in ("best_validation", "final", "checkpoint"):
         path = res.files.get(kind)
         if path is None:
             continue
-        rec = verify_model_file(path) if kind != "checkpoint" else _checkpoint_record(path)
+        rec = records[kind] = verify_model_file(path) if kind != "checkpoint" else _checkpoint_record(path)
         w = rec["weights"]
         say(f"  {kind:<16}{path}")
         say(f"                  record: {rec['solver']['class']}, {rec['optimizer']['class']}, epochs "
             f"{rec['epochs']['done']}/{rec['epochs']['asked']}, weights kind {w['kind']} after epoch {w['epoch']}, "
             f"seed {rec['seed']}, sha256 {w['sha256'][:16]}...")
-    say("learning curve (epoch, training loss, validation loss; epochs from 0, SWA after the warm-up):")
-    for e, train, smoothed, raw in res.learning_curve:
-        phase = "warm-up" if e < warmup_epochs else "SWA"
-        val = "-" if raw is None else f"{raw:.4f}" + ("" if smoothed == raw else f" (smoothed {smoothed:.4f})")
-        say(f"  {e:>2}  {phase:<7}  train {train:.4f}  valid {val}")
+    # the curve as the final file records it, in the very lines `tensorlist record` prints
+    say(f"learning curve of {res.files['final']} (epochs {epoch_number(0)}-{warmup_epochs} warm-up, validation "
+        f"smoothed by {SMOOTHING}; {epoch_number(warmup_epochs)}-{warmup_epochs + swa_epochs} SWA), "
+        "as `tensorlist record` prints it:")
+    for line in history_table(records["final"]):
+        say(line)
     seconds = time.perf_counter() - t0
     say(f"final model (SWA average, batch-norm refreshed): validation top-1 accuracy "
         f"{acc['Top1Accuracy'].value:.3f}, loss {acc['Loss'].value:.4f}; {seconds:.1f} s")

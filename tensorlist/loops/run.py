@@ -33,7 +33,7 @@ from tensorlist._base.states import check_like, check_rng_state
 from tensorlist._base.terminal import raw_stream
 from tensorlist._bridges.torch import from_numpy, state_to_numpy
 from tensorlist.errors import FormatError, short_repr
-from tensorlist.provenance.record import TrainingRecorder, save_model_file, weights_sha256
+from tensorlist.provenance.record import TrainingRecorder, epoch_number, save_model_file, weights_sha256
 from tensorlist.provenance.signing import signed_save
 from tensorlist.torch import check_optimizer_state, match_state, module_state, optimizer_state_from_parts, optimizer_state_parts
 from tensorlist.loops.batches import TrainingLoopContext, batch_stream, is_empty, stream_settings
@@ -335,7 +335,8 @@ class Run:
         stream = batch_stream(cfg.train, ctx)
         bar = None
         if self.progress():
-            stream = bar = self.progress_bar(stream, desc=f"{state.phase} epoch {state.epoch}", leave=False, unit="batch")
+            stream = bar = self.progress_bar(stream, desc=f"{state.phase} epoch {epoch_number(self.recorder.epochs_done)}",
+                                             leave=False, unit="batch")
         opt.zero_grad(set_to_none=True)
         for batch in stream:
             if is_empty(batch):
@@ -402,15 +403,18 @@ class Run:
         """What follows every epoch of every loop, in this order.
 
         Appends ``entry`` to the learning curve, records the epoch, steps the
-        torch LR scheduler, logs ``log_args``, counts the epoch done (and
-        stores the loss and schedule state the next epoch starts from), fires
-        EPOCH_COMPLETED, then writes the checkpoint and fires CHECKPOINT_SAVED.
+        torch LR scheduler, logs ``log_args`` (a format and its arguments)
+        after ``epoch N:`` with the epoch's number in the training record,
+        counts the epoch done (and stores the loss and schedule state the next
+        epoch starts from), fires EPOCH_COMPLETED, then writes the checkpoint
+        and fires CHECKPOINT_SAVED.
         """
         state.learning_curve.append(entry)
-        self.recorder.epoch_done(entry[1], validation=validation)
+        number = self.recorder.epoch_done(entry[1], validation=validation)
         if self.cfg.lr_scheduler is not None:
             self.cfg.lr_scheduler.step()
-        log.info(*log_args)
+        # the record's number (from 1, across phases and resumes), as tables of the record print it
+        log.info("%sepoch %d: " + log_args[0], "SWA " if state.phase == "swa" else "", number, *log_args[1:])
         state.epoch += 1
         state.last_validation_loss = validation
         state.schedule_state = next_schedule_state

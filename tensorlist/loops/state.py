@@ -5,7 +5,9 @@ number of epochs **completed** in the current phase. While an epoch runs,
 its 0-based index is ``state.epoch`` (lamp's ``epoch``); learning-curve
 entries carry that 0-based index; a checkpoint stores the number completed,
 which is the index of the next epoch to run (lamp's stored ``epoch``). The
-training record counts the same epochs from 1 (``epochs.done``).
+training record counts the same epochs from 1 (``epochs.done``), and so does
+everything the loops print (log lines, progress bars, the demo's table):
+through ``record.epoch_number``, from the recorder's count.
 
 :func:`rng_state` and :func:`set_rng_state` capture and restore the global
 generators of torch, numpy and ``random`` (a checkpoint stores them, so that a

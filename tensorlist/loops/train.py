@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.optim.swa_utils import AveragedModel, update_bn
 
+from tensorlist.provenance.record import epoch_number
 from tensorlist.torch import module_state
 from tensorlist.loops.batches import Minibatches, TrainingLoopContext, batch_stream, is_empty, supervised_step
 from tensorlist.loops.config import LoopConfig, shared_docs
@@ -78,7 +79,8 @@ def _run_simple(run: Run) -> int:
             next_lr, factor = cfg.schedule.factor(state.schedule_state, state.epoch, state.last_validation_loss)
             if state.epoch >= limit or factor <= 0 or state.should_stop:
                 if factor <= 0:
-                    log.info("learning-rate schedule stopped training before epoch %d (factor %s)", state.epoch, factor)
+                    log.info("learning-rate schedule stopped training before epoch %d (factor %s)",
+                             epoch_number(run.recorder.epochs_done), factor)
                 break
             ctx, train_loss = run.train_at(state, factor)
             smoothed = raw = None
@@ -91,7 +93,7 @@ def _run_simple(run: Run) -> int:
                     state.min_validation_loss = (smoothed if state.min_validation_loss is None
                                                  else min(state.min_validation_loss, smoothed))
             run.end_epoch(state, (state.epoch, train_loss, smoothed, raw), smoothed, next_lr,
-                          ("epoch %d: training loss %.6g%s", state.epoch, train_loss,
+                          ("training loss %.6g%s", train_loss,
                            "" if smoothed is None else f", validation loss {smoothed:.6g} (raw {raw:.6g})"))
             if bar is not None:
                 bar.update(1)
@@ -124,7 +126,7 @@ def _run_swa(run: Run) -> None:
             averaged.update_parameters(run.module)
             state.number_of_averaged_models += 1
         run.end_epoch(state, (state.epoch, train_loss, valid), valid, next_s,
-                      ("SWA epoch %d: training loss %.6g%s, factor %.4g%s", state.epoch, train_loss,
+                      ("training loss %.6g%s, factor %.4g%s", train_loss,
                        "" if valid is None else f", validation loss {valid:.6g}", factor,
                        ", averaged" if accumulate else ""))
     if state.number_of_averaged_models > 0:

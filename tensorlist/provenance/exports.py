@@ -41,7 +41,7 @@ from tensorlist._storage.commit import atomic_file
 from tensorlist._base.terminal import escape_controls
 from tensorlist.format import MAX_INT, Limits, sha256_file
 from tensorlist.reader import Reader
-from tensorlist.provenance.record import read_dataset_params, verify_model_file
+from tensorlist.provenance.record import history_rows, read_dataset_params, verify_model_file
 
 __all__ = ["CYCLONEDX_SPEC_VERSION", "PROPERTY_PREFIX", "model_files", "cyclonedx_bom", "model_card", "export"]
 
@@ -90,16 +90,19 @@ def _flatten(value: Any, name: str, out: List[Tuple[str, str]]) -> None:
             out.append((where, _text(v)))
 
 
-def _history_summary(history: dict) -> Dict[str, Any]:
-    """The history in a few fields: epochs, first and last loss, the best validation and its epoch, the last rate."""
-    losses = [(i, v) for i, v in enumerate(history["training_loss"], 1) if v is not None]
-    vals = [(i, v) for i, v in enumerate(history["validation"], 1) if v is not None]
-    rates = [(i, v) for i, v in enumerate(history["learning_rate"], 1) if v is not None]
+def _history_summary(record) -> Dict[str, Any]:
+    """The history in a few fields: epochs, first and last loss (and its epoch), the best validation and its epoch,
+    the last rate."""
+    rows = history_rows(record)  # epochs numbered as every table of the record numbers them
+    losses = [(r.epoch, r.training_loss) for r in rows if r.training_loss is not None]
+    vals = [(r.epoch, r.validation) for r in rows if r.validation is not None]
+    rates = [(r.epoch, r.learning_rate) for r in rows if r.learning_rate is not None]
     best = min(vals, key=lambda iv: iv[1]) if vals else None
     return {
-        "epochs": len(history["training_loss"]),
+        "epochs": len(rows),
         "training_loss.first": losses[0][1] if losses else None,
         "training_loss.last": losses[-1][1] if losses else None,
+        "training_loss.last_epoch": losses[-1][0] if losses else None,
         "validation.min": best[1] if best else None,
         "validation.min_epoch": best[0] if best else None,
         "validation.last": vals[-1][1] if vals else None,
@@ -130,7 +133,7 @@ def _settings(record) -> List[Tuple[str, str]]:
         if key == "validation" and isinstance(value, dict):
             value = {k: v for k, v in value.items() if k != "dataset_params"}
         _flatten(value, key, out)
-    for key, value in _history_summary(record["history"]).items():
+    for key, value in _history_summary(record).items():
         out.append((f"history.{key}", _text(value)))
     return out
 
@@ -168,11 +171,11 @@ def _bom(facts: tuple) -> dict:
         datasets.append({"type": "dataset", "name": _dataset_name(role, d), "contents": {"properties": [
             {"name": f"{PROPERTY_PREFIX}role", "value": role},
             *({"name": f"{PROPERTY_PREFIX}dataset_params:{k}", "value": v} for k, v in props if k)]}})
-    history = _history_summary(record["history"])
+    history = _history_summary(record)
     metrics = []
     if history["training_loss.last"] is not None:
         metrics.append({"type": "training loss", "value": _text(history["training_loss.last"]),
-                        "slice": f"epoch {history['epochs']}"})
+                        "slice": f"epoch {history['training_loss.last_epoch']}"})
     weights = record["weights"]
     if weights["validation"] is not None:
         function = (record["validation"] or {}).get("function") or {}
@@ -288,9 +291,10 @@ def _training_lines(record) -> List[str]:
 
 
 def _history_lines(record) -> List[str]:
-    h = _history_summary(record["history"])
+    h = _history_summary(record)
     lines = [f"- Epochs recorded: {_code(h['epochs'])}",
-             f"- Training loss: first {_code(h['training_loss.first'])}, last {_code(h['training_loss.last'])}"]
+             f"- Training loss: first {_code(h['training_loss.first'])}, last {_code(h['training_loss.last'])}"
+             + ("" if h["training_loss.last_epoch"] is None else f" at epoch {_code(h['training_loss.last_epoch'])}")]
     if h["validation.min"] is not None:
         lines.append(f"- Validation: lowest {_code(h['validation.min'])} at epoch {_code(h['validation.min_epoch'])}, "
                      f"last {_code(h['validation.last'])}")

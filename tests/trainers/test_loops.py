@@ -2,6 +2,7 @@
 import json
 import logging
 import os
+import re
 
 import numpy as np
 import pytest
@@ -9,7 +10,7 @@ torch = pytest.importorskip("torch", reason="these tests need torch (pip install
 
 import tensorlist as tl
 import tensorlist.loops as loops
-from tensorlist.provenance.record import read_training_record, verify_model_file
+from tensorlist.provenance.record import history_rows, read_training_record, verify_model_file
 
 F = torch.nn.functional
 
@@ -260,7 +261,36 @@ def test_batch_factory_gets_the_context_and_logging(caplog):
                      progress=False)
     assert ctxs[0] == loops.TrainingLoopContext(0, None, None)
     assert ctxs[1].epoch == 1 and ctxs[1].last_validation_loss is not None
-    assert "epoch 1: training loss" in caplog.text
+    logged = [r.getMessage() for r in caplog.records if "training loss" in r.getMessage()]
+    assert [m.split(":")[0] for m in logged] == ["epoch 1", "epoch 2"]  # as the training record counts
+
+
+def _logged_epochs(caplog):
+    """The epoch labels of the loops' per-epoch log lines, in order."""
+    return [r.getMessage().split(":")[0] for r in caplog.records if ": training loss" in r.getMessage()]
+
+
+def test_log_lines_and_progress_bars_number_epochs_as_the_record(tmp_path, caplog, capsys):
+    """Every epoch the loops print is the record's epoch: from 1, on through SWA and across a resume."""
+    x, y = _data()
+    m = _model()
+    with caplog.at_level(logging.INFO, logger="tensorlist.loops"):
+        loops.with_swa(m, _sgd(m), [(x, y)], loss_fn=F.mse_loss, warmup_epochs=2, swa_epochs=2,
+                       validation=[(x, y)], out_dir=tmp_path, progress=True)
+    rows = history_rows(read_training_record(tmp_path / "final.json"))
+    assert [r.epoch for r in rows] == [1, 2, 3, 4]
+    assert _logged_epochs(caplog) == ["epoch 1", "epoch 2", "SWA epoch 3", "SWA epoch 4"]
+    bars = capsys.readouterr().err
+    assert sorted({int(n) for n in re.findall(r"(?:simple|swa) epoch (\d+)", bars)}) == [1, 2, 3, 4]
+    caplog.clear()
+    m2 = _model(1)
+    with caplog.at_level(logging.INFO, logger="tensorlist.loops"):
+        loops.epochs(m2, _sgd(m2), [(x, y)], loss_fn=F.mse_loss, max_epochs=2, out_dir=tmp_path / "r",
+                     progress=False)
+        loops.epochs(m2, _sgd(m2), [(x, y)], loss_fn=F.mse_loss, max_epochs=3, out_dir=tmp_path / "r",
+                     resume=True, progress=False)
+    assert _logged_epochs(caplog) == ["epoch 1", "epoch 2", "epoch 3"]
+    assert [r.epoch for r in history_rows(read_training_record(tmp_path / "r" / "final.json"))] == [1, 2, 3]
 
 
 def test_progress_bars_when_asked(capsys):

@@ -29,7 +29,7 @@ import math
 import numbers
 import re
 from collections.abc import Mapping
-from typing import List, Optional, Union
+from typing import List, NamedTuple, Optional, Union
 
 import numpy as np
 
@@ -44,6 +44,10 @@ __all__ = [
     "WEIGHTS_KINDS",
     "TrainingRecord",
     "history",
+    "epoch_number",
+    "HistoryRow",
+    "history_rows",
+    "history_table",
     "is_training_record",
     "check_strict_json",
     "validate_training_record",
@@ -120,6 +124,79 @@ def history(values, done: int) -> List[Optional[Union[float, list]]]:
     if len(values) < done:
         raise ValueError(f"history: {done} epochs done but only {len(values)} values given")
     return [_history_value(v, f"history[{i}]") for i, v in enumerate(values[:done])]
+
+
+def epoch_number(index: int) -> int:
+    """The record's number of the epoch at 0-based position ``index``: ``index + 1``.
+
+    The record counts epochs from 1 (0 means "before training"), so history
+    entry ``index`` is epoch ``index + 1``. Code that counts from 0 inside
+    (lamp's learning curves and callbacks in ``tensorlist.loops``) turns its
+    index into the number it prints or records here, so that log lines,
+    tables and files name an epoch alike.
+
+    Example:
+        >>> epoch_number(0)
+        1
+    """
+    return index + 1
+
+
+class HistoryRow(NamedTuple):
+    """One epoch of a record's history, as every table of it shows it.
+
+    Attributes:
+        epoch: the epoch, counted from 1 (:func:`epoch_number` of its entry).
+        training_loss: ``history.training_loss`` there, None when not finite.
+        validation: ``history.validation`` there: the value the saver judged
+            the epoch by (``tensorlist.loops`` records its smoothed loss when
+            smoothing is on, the loss it picks the best weights by), None when
+            the epoch was not validated.
+        learning_rate: ``history.learning_rate`` there: a number, a list with
+            one per parameter group, or None when unknown.
+    """
+
+    epoch: int
+    training_loss: Optional[float]
+    validation: Optional[float]
+    learning_rate: Union[None, float, List[Optional[float]]]
+
+
+def history_rows(record, *, file=None, field_prefix: str = "") -> List[HistoryRow]:
+    """The rows of ``record``'s history, one per epoch done, each a :class:`HistoryRow`.
+
+    The one place a record's history becomes per-epoch rows: ``tensorlist
+    record``, the loops' demo and the exports read them here. ``record`` is
+    validated first (:func:`validate_training_record`), so a malformed one is
+    a FormatError naming ``file`` and the field, never a KeyError.
+
+    Raises:
+        TypeError: ``record`` is not a mapping.
+        FormatError: the record is invalid (naming the field).
+    """
+    validate_training_record(record, file=file, field_prefix=field_prefix)
+    hist = record["history"]
+    return [HistoryRow(epoch_number(i), loss, val, lr)
+            for i, (loss, val, lr) in enumerate(zip(hist["training_loss"], hist["validation"], hist["learning_rate"]))]
+
+
+def _cell(value) -> str:
+    return "-" if value is None else f"{value:.6g}"
+
+
+def history_table(record, *, file=None, field_prefix: str = "") -> List[str]:
+    """The lines of the table of ``record``'s history: a header, then one line per :func:`history_rows` row.
+
+    Columns: epoch (from 1), training loss, validation, learning rate (the
+    groups' rates joined by ", "); ``-`` where a value is null. ``tensorlist
+    record`` and the loops' demo print exactly these lines.
+    """
+    lines = [f"{'epoch':>5}  {'training loss':>14}  {'validation':>12}  learning rate"]
+    for row in history_rows(record, file=file, field_prefix=field_prefix):
+        lr = row.learning_rate
+        rate = ", ".join(_cell(x) for x in lr) if isinstance(lr, list) else _cell(lr)
+        lines.append(f"{row.epoch:>5}  {_cell(row.training_loss):>14}  {_cell(row.validation):>12}  {rate}")
+    return lines
 
 
 def is_training_record(value) -> bool:
