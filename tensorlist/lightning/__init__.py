@@ -27,6 +27,9 @@ Three pieces, each for ``lightning.pytorch.Trainer``:
   itself (``_lightning_record.with_record``), so provenance needs no callback.
   A stock Lightning ``.ckpt`` (a torch pickle) given to ``load_checkpoint`` is
   refused, never unpickled; :func:`convert_checkpoint` converts one you trust.
+  A removal wins over a pending save of its path (``_pending.PendingSaves``):
+  under ``AsyncCheckpointIO``, ``ModelCheckpoint``'s top-k removal of a
+  checkpoint still being written, or queued, leaves nothing behind.
 - :class:`TensorListModelParallelStrategy` (and :class:`TensorListFSDPStrategy`)
   send the sharded save through ``TensorListWriter``/``TensorListReader``
   and write rank 0's non-tensor state as a JSON document (the same layout)
@@ -39,7 +42,7 @@ Three pieces, each for ``lightning.pytorch.Trainer``:
   ``tensorlist record epoch=1-step=8.ckpt`` reads it.
 
 Imports lightning, torch, ``tensorlist.dcp`` (TensorListWriter/Reader),
-``tensorlist.provenance.record``, ``tensorlist.provenance.signing``, ``_lightning_record``, ``reader``, ``writer``, ``format``,
+``tensorlist.provenance.record``, ``tensorlist.provenance.signing``, ``_lightning_record``, ``_pending``, ``reader``, ``writer``, ``format``,
 ``_jsonio``, ``_torch_bridge`` and ``errors``; nothing imports it.
 
 Example:
@@ -78,6 +81,7 @@ from tensorlist._storage.commit import new_token, own_data_files, sweep_unowned
 from tensorlist.format import confine, open_regular
 from tensorlist.provenance.record import TrainingRecorder, read_training_record, validate_dataset_params, weights_sha256
 from tensorlist.provenance.signing import signature_files, signed_save
+from tensorlist.lightning._pending import PendingSaves
 from tensorlist.lightning.record import RECORD_KEYS, SOLVER, global_seed, with_record
 
 __all__ = [
@@ -260,6 +264,14 @@ def _load_document(path, map_location, allow_pickle) -> dict:
                                                     file=path), file=path)
 
 
+def _unlink(path: str) -> None:
+    """Unlinks ``path``; gone already is fine (the save's sweep of unowned data files may take it first)."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
 class TensorListCheckpointIO(CheckpointIO):
     """A Lightning ``CheckpointIO`` writing checkpoints as tensorlist documents (no pickle).
 
@@ -287,6 +299,7 @@ class TensorListCheckpointIO(CheckpointIO):
         self.allow_pickle = allow_pickle
         self.encode = encode
         self.signing_key = signing_key  # each checkpoint signed: PATH.sig, PATH.provenance.json (PROVENANCE.md)
+        self._pending = PendingSaves()  # the saves under way, which a removal of their path must win over
 
     def save_checkpoint(self, checkpoint: Dict[str, Any], path, storage_options: Optional[Any] = None) -> None:
         """Writes ``checkpoint`` to ``path`` atomically (the descriptor at ``path``, its data file beside it).
@@ -296,8 +309,13 @@ class TensorListCheckpointIO(CheckpointIO):
         """
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} takes no storage_options")
-        with signed_save(path, self.signing_key):
-            _save_document(os.fspath(path), checkpoint, self.allow_pickle, self.encode)
+        path = os.fspath(path)
+
+        def write() -> None:
+            with signed_save(path, self.signing_key):
+                _save_document(path, checkpoint, self.allow_pickle, self.encode)
+
+        self._pending.save(path, write, self._remove_files)  # a removal requested meanwhile wins
         self._dirs = getattr(self, "_dirs", set()) | {os.path.dirname(os.path.abspath(path))}
         self.teardown()
 
@@ -327,37 +345,47 @@ class TensorListCheckpointIO(CheckpointIO):
         is removed alone: the checkpoint it points to keeps its files. A
         sharded checkpoint's directory loses its meta documents first (it no
         longer loads), then the rest.
+
+        The removal wins over a save of ``path`` still pending on another
+        thread (``AsyncCheckpointIO(TensorListCheckpointIO())``'s worker):
+        a running save removes what it wrote when it ends, and a queued one
+        is skipped (``tensorlist.lightning._pending``: the rules).
         """
-        path = os.fspath(path)
+        self._pending.remove(os.fspath(path), self._remove_files)
+
+    def _remove_files(self, path: str) -> None:
+        """The removal itself (:meth:`remove_checkpoint`); a file another remover took first is not an error."""
         if os.path.islink(path):
-            os.unlink(path)
+            _unlink(path)
             return
         for name in signature_files(path):  # its signature goes with it
-            os.unlink(name)
+            _unlink(name)
         if os.path.isdir(path):  # a sharded checkpoint: its meta documents first
             for name in sorted(os.listdir(path)):
                 if name == META_NAME or _META_RE.fullmatch(name):
-                    self.remove_checkpoint(os.path.join(path, name))
+                    self._remove_files(os.path.join(path, name))
             shutil.rmtree(path)
             return
         if not os.path.lexists(path):
             return
         data = own_data_files(path)
-        os.unlink(path)
+        _unlink(path)
         for name in data:
             if os.path.isfile(name):
-                os.unlink(name)
+                _unlink(name)
 
 
 class TensorListAsyncCheckpointIO(AsyncCheckpointIO):
-    """``AsyncCheckpointIO`` whose removals wait for the saves queued before them.
+    """``AsyncCheckpointIO`` whose removals wait for the saves queued before them, whatever the wrapped IO.
 
     Lightning's ``AsyncCheckpointIO`` saves on a worker thread but removes on
     the caller's: ``ModelCheckpoint``'s top-k removal of a checkpoint whose save
     is still queued finds nothing, and the save then writes a checkpoint that
-    stays. Here a removal is queued behind the saves (same thread, in order),
-    its error raised like a save's. Wraps any ``CheckpointIO``
-    (``TensorListAsyncCheckpointIO(TensorListCheckpointIO())``).
+    stays. :class:`TensorListCheckpointIO` orders its own saves and removals
+    (so ``AsyncCheckpointIO(TensorListCheckpointIO())`` is right as it is);
+    this wrapper gives the same order to any ``CheckpointIO`` (Lightning's
+    ``TorchCheckpointIO`` included) by queueing a removal behind the saves
+    (same thread, in order), its error raised like a save's.
     """
 
     def remove_checkpoint(self, *args: Any, **kwargs: Any) -> None:

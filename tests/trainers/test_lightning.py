@@ -11,6 +11,8 @@ import os
 import pathlib
 import subprocess
 import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -20,6 +22,7 @@ pytest.importorskip("lightning", reason="tensorlist.lightning needs lightning (p
 
 import tensorlist as tl  # noqa: E402
 from tensorlist.errors import FormatError  # noqa: E402
+from tensorlist.lightning._pending import PendingSaves  # noqa: E402
 from tensorlist.lightning import (META_NAME, TensorListCheckpointIO, TensorListFSDPStrategy,  # noqa: E402
                                   TensorListModelParallelStrategy, convert_checkpoint)
 from tensorlist.provenance.record import read_training_record, weights_sha256  # noqa: E402
@@ -167,6 +170,172 @@ def test_async_checkpoint_io_wraps_it(tmp_path):
     w += 1  # after the call returns: the save holds its own copy
     io.teardown()
     assert io.load_checkpoint(tmp_path / "c.ckpt")["state_dict"]["w"].tolist() == [1.0] * 4
+
+
+# --------------------------------------------------------------------------
+# a removal wins over a pending save of its path, whichever async wrapper runs the saves
+
+#: Seconds any one step of these tests may wait for another thread before it fails (never reached when right).
+_WAIT_S = 30
+
+
+class _Gate:
+    """Holds the save of one checkpoint name inside TensorListCheckpointIO (in flight) until released."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.started, self.release = name, threading.Event(), threading.Event()
+        self.written: list = []  # the names whose document was written, in order
+
+    def install(self, monkeypatch) -> None:
+        import tensorlist.lightning as tll
+
+        write = tll._save_document
+
+        def held(path, *args, **kwargs):
+            if os.path.basename(path) == self.name:
+                self.started.set()
+                assert self.release.wait(_WAIT_S), "the test never released the held save"
+            self.written.append(os.path.basename(path))
+            return write(path, *args, **kwargs)
+
+        monkeypatch.setattr(tll, "_save_document", held)
+
+
+class _Driver:
+    """One way of running TensorListCheckpointIO's saves off the caller's thread: save, remove, drain."""
+
+    def __init__(self, kind: str, io: TensorListCheckpointIO) -> None:
+        from lightning.pytorch.plugins.io import AsyncCheckpointIO
+
+        from tensorlist.lightning import TensorListAsyncCheckpointIO
+
+        self.kind, self.plugin = kind, io
+        self._pool = ThreadPoolExecutor(max_workers=1) if kind == "thread_pool" else None
+        self.io = {"AsyncCheckpointIO": AsyncCheckpointIO, "TensorListAsyncCheckpointIO": TensorListAsyncCheckpointIO,
+                   "thread_pool": lambda plugin: plugin}[kind](io)
+        self._futures: list = []
+
+    def save(self, checkpoint, path) -> None:
+        if self._pool is None:
+            self.io.save_checkpoint(checkpoint, path)
+        else:  # a caller's own worker: the saves in order on one thread, the removals on the caller's
+            self._futures.append(self._pool.submit(self.plugin.save_checkpoint, checkpoint, path))
+
+    def remove(self, path) -> None:
+        self.io.remove_checkpoint(path)
+
+    def drain(self) -> None:
+        if self._pool is None:
+            self.io.teardown()  # AsyncCheckpointIO: waits for the queue, raises a save's error
+            return
+        self._pool.shutdown(wait=True)
+        for f in self._futures:
+            f.result()
+
+
+def _names(path):
+    return sorted(os.listdir(path))
+
+
+def _state(value: float):
+    return {"state_dict": {"w": torch.full((4,), value)}}
+
+
+@pytest.fixture(params=["AsyncCheckpointIO", "TensorListAsyncCheckpointIO", "thread_pool"])
+def driver(request):
+    made = _Driver(request.param, TensorListCheckpointIO())
+    yield made
+    made.drain()
+
+
+class TestRemovalWinsOverPendingSave:
+    """ModelCheckpoint's top-k removal of a checkpoint whose save is pending, on every way of saving asynchronously.
+
+    Lightning's AsyncCheckpointIO removes on the caller's thread while the save runs or waits on the worker;
+    TensorListAsyncCheckpointIO queues the removal behind it; a caller's own thread pool is Lightning's case by
+    hand. In each the removal must win, and a save requested after a removal must stay.
+    """
+
+    def test_removal_while_the_save_runs(self, driver, tmp_path, monkeypatch):
+        gate = _Gate("a.ckpt")
+        gate.install(monkeypatch)
+        driver.save(_state(1.0), tmp_path / "a.ckpt")
+        assert gate.started.wait(_WAIT_S)
+        driver.remove(tmp_path / "a.ckpt")  # returns at once: the running save removes what it writes
+        gate.release.set()
+        driver.drain()
+        assert _names(tmp_path) == []  # no checkpoint, no data file, nothing swept later
+
+    def test_removal_while_the_save_is_queued(self, driver, tmp_path, monkeypatch):
+        gate = _Gate("a.ckpt")
+        gate.install(monkeypatch)
+        driver.save(_state(1.0), tmp_path / "a.ckpt")
+        assert gate.started.wait(_WAIT_S)
+        driver.save(_state(2.0), tmp_path / "b.ckpt")  # queued behind a.ckpt's
+        remover = ThreadPoolExecutor(max_workers=1)  # the caller may be held until b.ckpt's save begins
+        removed = remover.submit(driver.remove, tmp_path / "b.ckpt")
+        gate.release.set()
+        removed.result(timeout=_WAIT_S)
+        remover.shutdown()
+        driver.drain()
+        assert [n for n in _names(tmp_path) if not n.startswith("a.ckpt.")] == ["a.ckpt"]
+        assert TensorListCheckpointIO().load_checkpoint(tmp_path / "a.ckpt")["state_dict"]["w"].tolist() == [1.0] * 4
+        if driver.kind != "TensorListAsyncCheckpointIO":  # that wrapper writes it, then removes it in order
+            assert gate.written == ["a.ckpt"]  # b.ckpt's queued save was skipped, not written and removed
+
+    def test_save_requested_after_a_removal_stays(self, driver, tmp_path, monkeypatch):
+        monkeypatch.setattr(PendingSaves, "handover_s", 0.2)  # the hold for a path that is not queued: shorter
+        gate = _Gate("a.ckpt")
+        gate.install(monkeypatch)
+        driver.remove(tmp_path / "b.ckpt")  # nothing saved or pending: nothing to do
+        driver.save(_state(1.0), tmp_path / "a.ckpt")
+        assert gate.started.wait(_WAIT_S)
+        remover = ThreadPoolExecutor(max_workers=1)
+        removed = remover.submit(driver.remove, tmp_path / "b.ckpt")  # while a save runs: b.ckpt may be queued
+        gate.release.set()
+        removed.result(timeout=_WAIT_S)
+        remover.shutdown()
+        driver.save(_state(2.0), tmp_path / "b.ckpt")  # requested after both removals
+        driver.drain()
+        assert TensorListCheckpointIO().load_checkpoint(tmp_path / "b.ckpt")["state_dict"]["w"].tolist() == [2.0] * 4
+        assert gate.written == ["a.ckpt", "b.ckpt"]
+
+    def test_removal_after_the_save_ended(self, driver, tmp_path):
+        driver.save(_state(1.0), tmp_path / "a.ckpt")
+        driver.save(_state(2.0), tmp_path / "b.ckpt")
+        driver.drain()
+        driver.remove(tmp_path / "a.ckpt")
+        if driver.kind == "TensorListAsyncCheckpointIO":
+            driver.drain()  # its removal runs on the worker
+        assert [n for n in _names(tmp_path) if not n.startswith("b.ckpt.")] == ["b.ckpt"]
+
+
+def test_removal_while_a_signed_save_runs_takes_its_signature(tmp_path, monkeypatch):
+    """The running save's signature is written after its document: the removal it defers takes that too."""
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    gate = _Gate("a.ckpt")
+    gate.install(monkeypatch)
+    driver = _Driver("AsyncCheckpointIO", TensorListCheckpointIO(signing_key=ec.generate_private_key(ec.SECP256R1())))
+    driver.save(_state(1.0), tmp_path / "a.ckpt")
+    assert gate.started.wait(_WAIT_S)
+    driver.remove(tmp_path / "a.ckpt")
+    gate.release.set()
+    driver.drain()
+    assert _names(tmp_path) == []
+
+
+def test_the_plugin_pickles_and_copies_without_its_pending_saves(tmp_path):
+    """A spawned strategy pickles its checkpoint IO: the lock of what is under way is made anew, empty."""
+    import copy
+    import pickle
+
+    io = TensorListCheckpointIO(encode=str)
+    for other in (pickle.loads(pickle.dumps(io)), copy.deepcopy(io)):
+        assert other.encode is str and other._pending is not io._pending
+        other.save_checkpoint(_state(3.0), tmp_path / "c.ckpt")
+        other.remove_checkpoint(tmp_path / "c.ckpt")
+        assert _names(tmp_path) == []
 
 
 def test_sharded_stock_meta_pt_refused(tmp_path):

@@ -19,6 +19,7 @@ ModelParallel on 2 processes), omegaconf hparams (not installed), ``storage_opti
 """
 import json
 import os
+from unittest import mock
 
 import pytest
 
@@ -28,6 +29,7 @@ pytest.importorskip("lightning", reason="tensorlist.lightning needs lightning")
 import lightning.pytorch as pl  # noqa: E402
 from lightning.fabric.plugins import TorchCheckpointIO  # noqa: E402
 from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
+from lightning.pytorch.plugins.io import AsyncCheckpointIO  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 import tensorlist as tl  # noqa: E402
@@ -239,32 +241,45 @@ def test_hyperparameters_saved_and_restored(kind, tmp_path):
         assert record["solver"]["solver_params"]["hyper_parameters"] == {"scores": None, "width": 4}
 
 
-def test_async_checkpoint_io_with_top_k_removal(kind, tmp_path):
-    """test_async_checkpoint_plugin: an AsyncCheckpointIO wrapping the plugin saves every epoch and removes the worst.
+class _WrappedOnFitStart(Boring):
+    """test_async_checkpoint_plugin's CustomBoringModel: the base checkpoint IO's calls counted once fit starts."""
 
-    TensorListAsyncCheckpointIO (Lightning's AsyncCheckpointIO with removals queued behind the saves): the stock
-    one removes on the caller's thread, so a top-k removal may run before the save it removes (then kept).
+    def on_fit_start(self):
+        base = self.trainer.strategy.checkpoint_io.checkpoint_io
+        base.save_checkpoint = mock.Mock(wraps=base.save_checkpoint)
+        base.remove_checkpoint = mock.Mock(wraps=base.remove_checkpoint)
+
+
+@pytest.mark.parametrize("wrapper", [AsyncCheckpointIO, TensorListAsyncCheckpointIO], ids=lambda w: w.__name__)
+def test_async_checkpoint_plugin(kind, tmp_path, wrapper):
+    """test_async_checkpoint_plugin, with real files: save_top_k=2 over 3 one-batch epochs removes epoch 0's.
+
+    Lightning's AsyncCheckpointIO removes on the caller's thread while the worker may still be writing (or not
+    yet have begun) the checkpoint removed; the removal must win all the same. A validate before the fit, as
+    in the original: the wrapper's thread pool is set up again after a teardown.
     """
-    io = TensorListAsyncCheckpointIO(PLUGINS[kind]())
-    calls = {"save": 0, "remove": 0}
-    base = io.checkpoint_io
-    save, remove = base.save_checkpoint, base.remove_checkpoint
-
-    def counted_save(*args, **kwargs):
-        calls["save"] += 1
-        return save(*args, **kwargs)
-
-    def counted_remove(*args, **kwargs):
-        calls["remove"] += 1
-        return remove(*args, **kwargs)
-
-    base.save_checkpoint, base.remove_checkpoint = counted_save, counted_remove
-    mc, _, _ = _fit(kind, tmp_path, epochs=3, io=io, monitor="step", mode="max", save_top_k=2)
-    assert calls == {"save": 3, "remove": 1}
-    assert _ckpts(tmp_path) == {"epoch=1-step=4.ckpt", "epoch=2-step=6.ckpt"}
+    io = wrapper(PLUGINS[kind]())
+    io.save_checkpoint = mock.Mock(wraps=io.save_checkpoint)
+    io.remove_checkpoint = mock.Mock(wraps=io.remove_checkpoint)
+    mc = ModelCheckpoint(dirpath=tmp_path, save_top_k=2, monitor="step", mode="max")
+    trainer = _trainer(kind, [mc], epochs=3, io=io, limit_train_batches=1, limit_val_batches=0)
+    model = _WrappedOnFitStart()
+    trainer.validate(model, _loader(), verbose=False)
+    trainer.fit(model, _loader())
+    assert io.save_checkpoint.call_count == 3 and io.remove_checkpoint.call_count == 1
+    base = trainer.strategy.checkpoint_io.checkpoint_io
+    assert base.save_checkpoint.call_count == 3 and base.remove_checkpoint.call_count == 1
+    assert base.remove_checkpoint.call_args.args[0] == str(tmp_path / "epoch=0-step=1.ckpt")
+    kept = _ckpts(tmp_path)
+    if kind == "torch" and wrapper is AsyncCheckpointIO:
+        # Lightning's own pair, the reference, can be held to everything but this: it removes on the caller's
+        # thread, and a first save slower than the two epochs after it leaves the removed checkpoint behind
+        # (Lightning-AI/pytorch-lightning#14035; seen in 1 of 12 fresh runs on two busy cores)
+        kept.discard("epoch=0-step=1.ckpt")
+    assert kept == {"epoch=1-step=2.ckpt", "epoch=2-step=3.ckpt"}
     _no_orphans(kind, tmp_path)
-    assert mc.best_model_path == str(tmp_path / "epoch=2-step=6.ckpt")
-    assert _load(kind, mc.best_model_path)["global_step"] == 6
+    assert mc.best_model_path == str(tmp_path / "epoch=2-step=3.ckpt")
+    assert _load(kind, mc.best_model_path)["global_step"] == 3
 
 
 def test_the_plugin_alone_records_provenance(tmp_path, monkeypatch):
