@@ -10,7 +10,8 @@ BSD-3-Clause license, Copyright (c) Meta Platforms, Inc. and affiliates and the 
 name the original (``<file>::<test>``).
 
 Run here: in one process, the module/tensor/blob round trips, the dtype casting rules (narrowing refused by a
-strict planner), stateful and non-stateful loads, an empty state dict without a process group, the e2e train
+strict planner: torch's ``allow_unsafe_types=False`` where it has the keyword, else its rule ported, as torch
+2.13 has none), stateful and non-stateful loads, an empty state dict without a process group, the e2e train
 state (its ``losses`` an ``io.BytesIO``), async save on a thread (cached staging, DefaultStager), the metadata's
 ``storage_meta``, loading without a template (``dcp_to_torch_save``'s way) and saving a torch.save file
 (``torch_save_to_dcp``'s way), overwrite=False in DCP's words. On 2 gloo ranks (slow, one launch): DTensor
@@ -34,6 +35,7 @@ Not run, and why:
   metadata module): tensorlist's metadata is JSON, with no pickled class to be compatible with.
 """
 import dataclasses
+import inspect
 import io
 import os
 import sys
@@ -45,6 +47,7 @@ torch = pytest.importorskip("torch", reason="DCP's scenarios need torch")
 import torch.distributed as dist  # noqa: E402
 import torch.distributed.checkpoint as dcp  # noqa: E402
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner  # noqa: E402
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata  # noqa: E402
 from torch.distributed.checkpoint.stateful import Stateful  # noqa: E402
 
 from tensorlist.dcp import TensorListReader, TensorListWriter, read_full  # noqa: E402
@@ -55,13 +58,17 @@ from _paths import SUPPORT  # noqa: E402
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
 
+class Tiny(torch.nn.Module):
+    """The originals' MyTestModule."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear_1 = torch.nn.Linear(5, 5)
+        self.linear_2 = torch.nn.Linear(5, 1)
+        self.emb = torch.nn.EmbeddingBag(5, 10)
+
+
 def tiny_module():
-    class Tiny(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.linear_1 = torch.nn.Linear(5, 5)
-            self.linear_2 = torch.nn.Linear(5, 1)
-            self.emb = torch.nn.EmbeddingBag(5, 10)
     return Tiny()
 
 
@@ -165,21 +172,47 @@ def test_file_system_checkpoint_cpu__test_dtype_mismatch_casting(tmp_path):
     assert torch.equal(narrow["w"], torch.from_numpy(read_full(tmp_path / "fp32")["w"]).bfloat16())
 
 
+class NoNarrowingLoadPlanner(DefaultLoadPlanner):
+    """Newer torch's ``DefaultLoadPlanner(allow_unsafe_types=False)``, for a torch without that keyword.
+
+    The keyword is newer than torch 2.13 (CI's), whose planner casts every dtype silently; its rule, ported:
+    a load whose template dtype cannot hold the saved one (``promote_types(saved, template) != template``) is
+    refused while planning, from the dtype the storage reader's metadata reports, and a widening is allowed.
+    """
+
+    def create_local_plan(self):
+        for fqn, obj in self.state_dict.items():
+            md = self.metadata.state_dict_metadata.get(fqn)
+            if isinstance(obj, torch.Tensor) and isinstance(md, TensorStorageMetadata):
+                saved = md.properties.dtype
+                if saved != obj.dtype and torch.promote_types(saved, obj.dtype) != obj.dtype:
+                    raise RuntimeError(f"dtype mismatch for {fqn!r}: the checkpoint holds {saved}, the state dict "
+                                       f"{obj.dtype}. Silent casting is not allowed (allow_unsafe_types=False)")
+        return super().create_local_plan()
+
+
+def strict_load_planner():
+    """torch's own strict planner where it has one, else the port of its rule (this torch's is never skipped)."""
+    if "allow_unsafe_types" in inspect.signature(DefaultLoadPlanner.__init__).parameters:
+        return DefaultLoadPlanner(allow_unsafe_types=False)
+    return NoNarrowingLoadPlanner()
+
+
 def test_file_system_checkpoint_cpu__test_dtype_mismatch_casting_strict(tmp_path):
-    dcp.save({"w": torch.rand(4, 3)}, storage_writer=TensorListWriter(tmp_path / "fp32"))
-    try:
-        strict = DefaultLoadPlanner(allow_unsafe_types=False)
-    except TypeError:
-        pytest.skip(f"torch {torch.__version__}'s DefaultLoadPlanner has no allow_unsafe_types")
-    with pytest.raises(BaseException, match="dtype mismatch") as e:
+    saved = torch.rand(4, 3)
+    dcp.save({"w": saved}, storage_writer=TensorListWriter(tmp_path / "fp32"))
+    assert TensorListReader(tmp_path / "fp32").read_metadata().state_dict_metadata["w"].properties.dtype == torch.float32
+    with pytest.raises(BaseException, match="dtype mismatch") as e:  # DCP's CheckpointException
         dcp.load({"w": torch.zeros(4, 3, dtype=torch.bfloat16)}, storage_reader=TensorListReader(tmp_path / "fp32"),
-                 planner=strict)
+                 planner=strict_load_planner())
     assert "Silent casting is not allowed" in str(e.value)
-    dcp.save({"w": torch.rand(4, 3).bfloat16()}, storage_writer=TensorListWriter(tmp_path / "bf16"))
+    narrow = torch.rand(4, 3).bfloat16()
+    dcp.save({"w": narrow}, storage_writer=TensorListWriter(tmp_path / "bf16"))
+    assert TensorListReader(tmp_path / "bf16").read_metadata().state_dict_metadata["w"].properties.dtype == \
+        torch.bfloat16
     wide = {"w": torch.zeros(4, 3)}
-    dcp.load(wide, storage_reader=TensorListReader(tmp_path / "bf16"), planner=DefaultLoadPlanner(
-        allow_unsafe_types=False))
-    assert wide["w"].dtype == torch.float32 and wide["w"].abs().sum() > 0
+    dcp.load(wide, storage_reader=TensorListReader(tmp_path / "bf16"), planner=strict_load_planner())
+    assert wide["w"].dtype == torch.float32 and torch.equal(wide["w"], narrow.float())
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -508,7 +541,8 @@ def two_ranks(tmp_path_factory):
     import json
     root = str(tmp_path_factory.mktemp("ported"))
     with _ranks.Launch(2) as job:
-        script = [sys.executable, "-c", f"import sys; sys.path.insert(0, {SUPPORT!r}); "
+        path = [SUPPORT, os.path.dirname(os.path.abspath(__file__))]  # its helpers, and this module itself
+        script = [sys.executable, "-c", f"import sys; sys.path[:0] = {path!r}; "
                   "import test_dcp_torch_ported as t; t._worker(int(sys.argv[1]), 2, int(sys.argv[2]), sys.argv[3])"]
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
         for r in range(2):
