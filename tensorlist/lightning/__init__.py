@@ -42,8 +42,8 @@ Three pieces, each for ``lightning.pytorch.Trainer``:
   ``tensorlist record epoch=1-step=8.ckpt`` reads it.
 
 Imports lightning, torch, ``tensorlist.dcp`` (TensorListWriter/Reader),
-``tensorlist.provenance.record``, ``tensorlist.provenance.signing``, ``_lightning_record``, ``_pending``, ``reader``, ``writer``, ``format``,
-``_jsonio``, ``_torch_bridge`` and ``errors``; nothing imports it.
+``tensorlist.provenance.record``, ``tensorlist.provenance.signing``, ``_lightning_record``, ``reader``, ``writer``, ``format``,
+``_jsonio``, ``_torch_bridge``, ``errors`` and ``_pending``; nothing imports it.
 
 Example:
     >>> import os, tempfile, torch
