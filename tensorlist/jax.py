@@ -38,7 +38,7 @@ layout); ``load`` of a directory reads it back onto any target sharding.
 A ``flax.FrozenDict`` node comes back as a ``FrozenDict`` when the program
 has imported flax, else as a dict: a file never causes an import.
 
-Imports ``_bridges.jax`` (the one jax <-> numpy conversion), ``_base.tree``, ``_base.loaded``,
+Imports ``_bridges.jax`` (the one jax <-> numpy conversion), ``_base.tree``, ``_base.loaded``, ``_base.dtypes``,
 ``reader``, ``writer`` and ``jax_shards`` (checkpoint directories).
 """
 from __future__ import annotations
@@ -54,7 +54,8 @@ from tensorlist.dcp import jax_shards
 from tensorlist._base import tree as _tree
 from tensorlist import reader
 from tensorlist import writer
-from tensorlist._bridges.jax import check_dtype, is_array, key_data, key_impl, put, to_numpy, wrap_key
+from tensorlist._base.dtypes import check_held
+from tensorlist._bridges.jax import check_dtype, is_array, key_data, key_impl, put, refusal, to_numpy, wrap_key
 from tensorlist._base.loaded import loaded_object
 from tensorlist.errors import FormatError, short_repr
 from tensorlist.format import DEFAULT_ALIGNMENT
@@ -234,6 +235,8 @@ def load(path, *, sharding: Any = None, device: Any = None, mmap: bool = True, v
             tensor is not its impl's key data: naming the file and the path
             in the tree; nothing is put on a device before the whole spec and
             every target are checked.
+        UnsupportedDTypeError: a leaf of a dtype jax lacks (float4_e2m1fn_x2),
+            naming the file, the tensor and the dtype; nothing is put on a device then.
         TypeError: a leaf jax cannot hold (64-bit without x64 and without
             ``downcast``), naming it; ``device`` that is not a ``jax.Device``.
         ValueError: both ``sharding`` and ``device``; reader limits given for
@@ -269,8 +272,9 @@ def load(path, *, sharding: Any = None, device: Any = None, mmap: bool = True, v
             raise FormatError(f"not a tensorlist.jax tree file (its metadata has no format {JAX_TREE_FORMAT!r}): "
                               "read it with tensorlist.load", file=r.path, field="/metadata")
         plan = _tree.check(header["tree"], r.keys(), file=r.path, field=TREE_FIELD)
-        stored = {n: (tuple(r.info(n).shape), r.info(n).dtype.numpy) for n in plan.leaves}
-        targets, replace = _targets(header["tree"], plan, sharding, device, stored, downcast, cast, r.path)
+        rows = {n: r.info(n) for n in plan.leaves}
+        stored = {n: (tuple(row.shape), row.dtype.numpy) for n, row in rows.items()}
+        targets, replace = _targets(header["tree"], plan, sharding, device, stored, downcast, cast, r.path, rows)
         if verify:
             r.verify(list(targets))
         arrays = {n: _put_leaf(lambda t, d, n=n: put(r[n], t, n, downcast=downcast, dtype=d), n,
@@ -308,12 +312,16 @@ def _put_leaf(load_one: Callable[[Any, Any], jax.Array], name: str, target: Tupl
 
 
 def _targets(spec, plan: _tree.Plan, sharding, device, stored: Dict[str, Tuple[Tuple[int, ...], np.dtype]],
-             downcast: bool, cast: bool, file: str) -> Tuple[Dict[str, Tuple[Any, Any]], Dict[int, Callable]]:
+             downcast: bool, cast: bool, file: str,
+             rows: Optional[Dict[str, Any]] = None) -> Tuple[Dict[str, Tuple[Any, Any]], Dict[int, Callable]]:
     """Each leaf to read -> ``(placement, dtype to cast to or None)``, and ``build``'s ``replace``.
 
     Walks the spec in preorder (as ``_base.tree.check`` numbers its steps) beside
     the target tree, checking the one against the other, then checks every
     leaf's stored dtype (or the dtype it is cast to) and every key leaf's data.
+    ``rows``: a file's descriptor rows by leaf, so that a dtype jax lacks is
+    refused as every adapter refuses one (``_base.dtypes.check_held``: the
+    file, the tensor and the dtype); a directory's leaves have no row.
     """
     replace: Dict[int, Callable] = {}
     if sharding is None or isinstance(sharding, jax.sharding.Sharding):
@@ -340,6 +348,8 @@ def _targets(spec, plan: _tree.Plan, sharding, device, stored: Dict[str, Tuple[T
             elif not (target is None or isinstance(target, jax.sharding.Sharding)):
                 sub = _sub_targets(node, target, index, replace, file, where)
             stack.extend((c, t, path + (k,)) for k, c, t in reversed(list(zip(tokens, children, sub))))
+    if rows is not None:  # the leaves read only: a SKIPped one may be of any dtype
+        check_held(file, {n: rows[n] for n in out}, refusal)
     for n, (placement, dtype) in out.items():
         if isinstance(getattr(placement, "mesh", None), _ABSTRACT_MESH):
             raise ValueError(f"{file}: the target of leaf {n!r} is a sharding over an abstract mesh (no devices; "

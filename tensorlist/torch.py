@@ -132,7 +132,8 @@ def save_module_state(path, module, *, training: Optional[Mapping] = None,
             (see ``tensorlist.provenance.record``); when given, the file is a model file
             that ``read_training_record`` and ``verify_model_file`` accept.
             Give both or neither.
-        metadata: other metadata keys.
+        metadata: other metadata keys (a mapping: in a model file they sit
+            beside the records' keys; a list or a string is a TypeError).
         **save_options: passed to ``tensorlist.save``.
 
     Example:
@@ -142,6 +143,8 @@ def save_module_state(path, module, *, training: Optional[Mapping] = None,
         >>> sorted(tt.load_module_state(path, torch.nn.Linear(2, 3)).loaded)
         ['bias', 'weight']
     """
+    if metadata is not None and not isinstance(metadata, Mapping):
+        raise TypeError(f"metadata must be a mapping of metadata keys, not a {type(metadata).__name__}")
     state = module_state(module) if isinstance(module, torch.nn.Module) else dict(module)
     arrays = state_to_numpy(state, bits=True)
     if (training is None) != (dataset_params is None):
@@ -366,8 +369,9 @@ def save_optimizer_state(path, optimizer, *, training: Optional[Mapping] = None,
     if (training is None) != (dataset_params is None):
         raise ValueError("give both training= and dataset_params=, or neither")
     if training is not None:
-        from tensorlist.provenance.record import validate_dataset_params, validate_training_record
+        from tensorlist.provenance.record import anchor_paths, validate_dataset_params, validate_training_record
 
+        training = anchor_paths(training, os.path.dirname(os.fsdecode(path)))  # its paths read from the file's place
         validate_training_record(training, field_prefix="training")
         validate_dataset_params(dataset_params, field_prefix="dataset_params")
         metadata["training"] = loads_strict(dumps(training))  # plain JSON values (tuples become lists)

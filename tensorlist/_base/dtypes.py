@@ -356,7 +356,9 @@ def check_held(path, arrays, why_not, max_dim: Optional[int] = None, framework: 
 
     Args:
         path: the file, for the message.
-        arrays: name -> numpy array (a load's result).
+        arrays: name -> numpy array (a load's result, in file order), or name ->
+            the descriptor's ``TensorInfo`` (which carries its own index: a
+            loader checks the tensors it reads before reading them).
         why_not: a framework bridge's ``refusal``: dtype name -> reason, or None
             when the framework holds that dtype.
         max_dim: the largest dimension the framework's shapes hold (MLX's are
@@ -373,8 +375,10 @@ def check_held(path, arrays, why_not, max_dim: Optional[int] = None, framework: 
         Traceback (most recent call last):
         tensorlist.errors.UnsupportedDTypeError: m.tl: tensor 0 ('w') has dtype complex128: no complex128
     """
-    for i, (k, a) in enumerate(arrays.items()):
-        name = from_numpy(a.dtype).name
+    for position, (k, a) in enumerate(arrays.items()):
+        described = isinstance(a.dtype, DType)  # a TensorInfo row
+        i = a.index if described else position
+        name = a.dtype.name if described else from_numpy(a.dtype).name
         why = why_not(name)
         if why is not None:
             raise UnsupportedDTypeError(f"{path}: tensor {i} ({k!r}) has dtype {name}: {why}", dtype=name)

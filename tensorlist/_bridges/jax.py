@@ -31,7 +31,8 @@ import numpy as np
 from tensorlist._base import dtypes as _dtypes
 from tensorlist.errors import UnsupportedDTypeError
 
-__all__ = ["to_numpy", "put", "check_dtype", "is_array", "key_impl", "key_data", "wrap_key", "abstract_key", "XLA_ALIGNMENT"]
+__all__ = ["to_numpy", "put", "check_dtype", "refusal", "is_array", "key_impl", "key_data", "wrap_key", "abstract_key",
+           "XLA_ALIGNMENT"]
 
 #: Alignment (bytes) at which ``jax.device_put`` of a host view aliases it on a
 #: CPU device instead of copying (XLA's minimum buffer alignment).
@@ -90,6 +91,19 @@ def wrap_key(data: Any, impl: str, target: Optional[Any], name: str) -> jax.Arra
         raise TypeError(f"tensor {name!r}: its {np.dtype(data.dtype)} {tuple(data.shape)} values are not the key "
                         f"data of a {impl} PRNG key ({e})") from None
     return keys if target is None else jax.device_put(keys, target)
+
+
+def refusal(name: str) -> Optional[str]:
+    """Why jax cannot hold tensorlist dtype ``name``, or None when it can (for ``_base.dtypes.check_held``).
+
+    The rows whose numpy type is a bit carrier (FP4 pairs packed two to a
+    byte, float4_e2m1fn_x2): jax's float4 holds one value a byte, and would
+    take the bytes as unsigned integers (:func:`check_dtype`'s first rule).
+    64-bit rows are held: whether ``jax_enable_x64`` is on is decided per load.
+    """
+    if _dtypes.bits_row(_dtypes.from_name(name).numpy) is not None:
+        return f"jax has no {name} type"
+    return None
 
 
 def check_dtype(dtype, name: str, *, downcast: bool = False) -> np.dtype:

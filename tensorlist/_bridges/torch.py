@@ -69,9 +69,12 @@ def to_numpy(t: torch.Tensor, where: str = "tensor", *, bits: bool = False) -> n
     not imported.
 
     Raises:
-        TypeError: a sparse, quantized or meta tensor, or a dtype tensorlist
-            has no code for (naming ``where``).
+        TypeError: not a torch tensor (a numpy array or a number in a
+            state_dict), a sparse, quantized or meta tensor, or a dtype
+            tensorlist has no code for (naming ``where``).
     """
+    if not isinstance(t, torch.Tensor):  # else an AttributeError of _refusal's, naming nothing
+        raise TypeError(f"{where}: expected a torch.Tensor, got {type(t).__name__}")
     why = _refusal(t)
     if why is not None:
         raise TypeError(f"{where}: {why}")

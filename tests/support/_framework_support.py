@@ -1,4 +1,4 @@
-"""Sample arrays for the framework adapters' tests (tests/adapters/test_mlx.py, tests/adapters/test_tensorflow.py)."""
+"""Sample arrays for the framework adapters' tests (tests/adapters: test_contract, test_mlx, test_tensorflow)."""
 import numpy as np
 
 from tensorlist._base import dtypes
@@ -10,12 +10,14 @@ def sample(name, shape, seed=0):
     base = rng.normal(size=shape) * 3
     dt = dtypes.from_name(name).numpy
     if dt.kind == "c":
-        return (base - 1j * base).astype(dt)
-    if dt.kind == "b":
-        return base > 0
-    if dt.kind == "u":
-        return np.abs(base).astype(dt)
-    return base.astype(dt)
+        values = base - 1j * base
+    elif dt.kind == "b":
+        values = base > 0
+    elif dt.kind == "u":
+        values = np.abs(base)
+    else:
+        values = base
+    return np.asarray(values).astype(dt)  # an array at 0-d too: a numpy scalar's astype drops FP4's carrier tag
 
 
 def bits(a) -> bytes:
