@@ -26,7 +26,7 @@ from tensorlist.huggingface.states import (MODEL_FILE, OPTIMIZER_FILE, PICKLE_NA
                                            TRAINING_ARGS_FILE, export_pretrained, last_checkpoint, load_rng, plain,
                                            read_state_file, refuse_pickles, save_rng, save_state_file)
 from tensorlist.loops.state import rng_state, set_rng_state
-from tensorlist.provenance.record import optimizer_record, read_training_record, save_model_file, weights_sha256
+from tensorlist.provenance.record import optimizer_record, read_training_record, resolve_paths, save_model_file, weights_sha256
 from tensorlist.torch import load_module_state, load_optimizer_state, save_optimizer_state
 
 __all__ = ["TensorListTrainer"]
@@ -92,7 +92,8 @@ class TensorListTrainer(transformers.Trainer):
         refuse_pickles(checkpoint)
         if os.path.exists(self._rng_file(checkpoint)):  # checked before the model is loaded
             load_rng(self._rng_file(checkpoint), restore=False)
-        record = read_training_record(confine(checkpoint, MODEL_FILE))
+        model_file = confine(checkpoint, MODEL_FILE)
+        record = resolve_paths(read_training_record(model_file), os.path.dirname(model_file))  # as the file reads them
         read_json_file(confine(checkpoint, "trainer_state.json"))  # transformers reads it plainly
         return {"optimizer": record["optimizer"], "initial_weights_sha256": record["initial_weights_sha256"],
                 "initial_weights": record["initial_weights"]}

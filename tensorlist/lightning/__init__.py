@@ -79,7 +79,8 @@ from tensorlist.dcp import TensorListReader, TensorListWriter
 from tensorlist.errors import FormatError, short_repr
 from tensorlist._storage.commit import new_token, own_data_files, sweep_unowned
 from tensorlist.format import confine, open_regular
-from tensorlist.provenance.record import TrainingRecorder, read_training_record, validate_dataset_params, weights_sha256
+from tensorlist.provenance.record import (TrainingRecorder, anchor_paths, read_training_record, validate_dataset_params,
+                                          weights_sha256)
 from tensorlist.provenance.signing import signature_files, signed_save
 from tensorlist.lightning._pending import PendingSaves
 from tensorlist.lightning.record import RECORD_KEYS, SOLVER, global_seed, with_record
@@ -244,6 +245,8 @@ def _refuse_pickle(path: str) -> None:
 def _save_document(path, checkpoint, allow_pickle, encode, where="checkpoint") -> None:
     """Writes a checkpoint; one of Lightning's gets its record made from it when it holds none."""
     doc = encode_checkpoint(with_record(checkpoint), allow_pickle=allow_pickle, encode=encode, where=where)
+    if isinstance(doc.get("training"), dict):  # in place: /state_dict's metadata holds the same record
+        doc["training"].update(anchor_paths(doc["training"], os.path.dirname(os.fspath(path))))
     if isinstance(doc.get("state_dict"), writer.Tensors) and isinstance(doc.get("training"), dict):
         record = doc["training"]
         if isinstance(record.get("weights"), dict) and record["weights"].get("sha256") is None:

@@ -33,7 +33,7 @@ from tensorlist._base.states import check_like, check_rng_state
 from tensorlist._base.terminal import raw_stream
 from tensorlist._bridges.torch import from_numpy, state_to_numpy
 from tensorlist.errors import FormatError, short_repr
-from tensorlist.provenance.record import TrainingRecorder, epoch_number, save_model_file, weights_sha256
+from tensorlist.provenance.record import TrainingRecorder, anchor_paths, epoch_number, save_model_file, weights_sha256
 from tensorlist.provenance.signing import signed_save
 from tensorlist.torch import check_optimizer_state, match_state, module_state, optimizer_state_from_parts, optimizer_state_parts
 from tensorlist.loops.batches import TrainingLoopContext, batch_stream, is_empty, stream_settings
@@ -253,8 +253,8 @@ class Run:
         rng = self._checked_rng(ext, path, sharded=store is not None)
 
         # every check passed: from here on the run takes the checkpoint's state
-        if "training" in doc:
-            self.recorder.resume(doc["training"])  # first: it reads (and checks) the training record
+        if "training" in doc:  # first: it reads (and checks) the training record; its paths from the checkpoint's place
+            self.recorder.resume(doc["training"], directory=path if store is not None else os.path.dirname(path))
         self.base_lrs = list(ext["baseLearningRates"])
         if cfg.lr_scheduler is not None:
             cfg.lr_scheduler.load_state_dict(ext["lrScheduler"])
@@ -456,6 +456,7 @@ class Run:
             min_model = None if self.min_model is None else state_to_numpy(self.min_model, bits=True)
             averaged = None
         record = self.record_meta("checkpoint", weights)
+        record["training"] = anchor_paths(record["training"], self.checkpoint_directory())
         if not sharded:
             parts["model_meta"] = record
         active = self.swa if self.swa is not None else self.simple
@@ -476,6 +477,11 @@ class Run:
                         swa_schedule_state=None if self.swa is None else self.swa.schedule_state,
                         world_size=self.world_size() if sharded else None)
         return loop_document(CHECKPOINT_TYPES[self.cfg.loop], simple=simple, swa=swa, ext=ext, record=record)
+
+    def checkpoint_directory(self) -> str:
+        """Where the checkpoint's record is read from: a document's directory, or a sharded checkpoint itself."""
+        path = os.fspath(self.cfg.checkpoint)
+        return path if self.cfg.checkpoint_format == "sharded" else os.path.dirname(path)
 
     def world_size(self) -> int:
         return dist.get_world_size() if self.distributed else 1

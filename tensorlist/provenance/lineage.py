@@ -11,7 +11,8 @@ origins from file to file and checks each link:
    weights and their record are at ``/state_dict``) is a model file here,
    its weights those of ``/state_dict`` (``record.weights_pointer``);
 2. each origin is resolved against the directory of the file that recorded it
-   (an absolute path as it is), and must lie under ``root`` (default: the
+   (an absolute path as it is; every writer stores origins so:
+   ``record.anchor_paths``), and must lie under ``root`` (default: the
    model's directory) once symlinks are resolved (``format.inside``, the
    package's one confinement test) unless ``allow_outside=True``;
 3. the origin's weights are hashed again (``weights_sha256``) and must equal
@@ -163,6 +164,12 @@ def _origin_path(child: str, recorded: str) -> str:
     return os.path.join(os.path.dirname(child), recorded)
 
 
+def _opened(file: str) -> str:
+    """Where ``file`` is opened: its directory as the system resolves it (a ``..`` after a symlinked
+    directory leads where the kernel says), its own name kept (the reader finds its data file beside it)."""
+    return os.path.join(os.path.realpath(os.path.dirname(file) or os.curdir), os.path.basename(file))
+
+
 def lineage(path, *, root=None, allow_outside: bool = False, max_depth: int = MAX_LINEAGE_DEPTH,
             public_key=None, require_signatures: bool = False) -> Lineage:
     """Follows ``initial_weights.origin`` from the model file ``path`` back to its first origin.
@@ -215,8 +222,9 @@ def lineage(path, *, root=None, allow_outside: bool = False, max_depth: int = MA
         if index > 0 and not allow_outside and not inside(real, root_dir):
             return broken(f"origin {recorded!r} resolves to {real!r}, outside the allowed root {root_dir!r} "
                           "(give a wider root, or allow_outside / --allow-outside to follow it)")
+        opened = _opened(file)
         try:
-            st = os.stat(file)
+            st = os.stat(opened)
         except FileNotFoundError:
             return broken("missing: no such file" + ("" if index == 0 else f" (recorded as {recorded!r})"))
         except OSError as e:
@@ -226,7 +234,7 @@ def lineage(path, *, root=None, allow_outside: bool = False, max_depth: int = MA
             return broken(f"a cycle: this file is link {seen[key]} again")
         seen[key] = index
         try:
-            digest, record = _check_file(file)
+            digest, record = _check_file(opened)
         except FileNotFoundError as e:
             return broken(f"missing: {e.filename if e.filename else e}")
         except (TensorListError, ValueError, TypeError, OSError) as e:

@@ -58,8 +58,8 @@ from tensorlist.provenance.record.core import (
     validate_dataset_params,
     validate_training_record,
 )
-from tensorlist.provenance.record.hash import (CHECKPOINT_WEIGHTS, WEIGHTS_HASH_TAG, dataset_content_hash, file_weights_sha256,
-                   model_file_origin, weights_pointer, weights_sha256)
+from tensorlist.provenance.record.hash import (CHECKPOINT_WEIGHTS, WEIGHTS_HASH_TAG, anchor_paths, dataset_content_hash,
+                   file_weights_sha256, model_file_origin, resolve_paths, weights_pointer, weights_sha256)
 from tensorlist.provenance.record.modelfile import read_dataset_params, read_training_record, save_model_file, verify_model_file
 from tensorlist.provenance.record.spec import spec
 
@@ -91,6 +91,8 @@ __all__ = [
     "weights_sha256",
     "dataset_content_hash",
     "model_file_origin",
+    "anchor_paths",
+    "resolve_paths",
     "save_model_file",
     "verify_model_file",
 ]

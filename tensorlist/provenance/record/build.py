@@ -15,6 +15,7 @@ import datetime as _dt
 import inspect
 import math
 import numbers
+import os
 import platform
 import sys
 from collections.abc import Mapping
@@ -25,7 +26,7 @@ import numpy as np
 from tensorlist._base import backends
 from tensorlist.provenance.record._common import copy_json, int_or_none, is_torch_tensor, loaded_torch, name_of, warn, warn_unimportable
 from tensorlist.provenance.record.core import FORMAT, WEIGHTS_KINDS, TrainingRecord, check_strict_json, history, validate_training_record
-from tensorlist.provenance.record.hash import weights_sha256
+from tensorlist.provenance.record.hash import resolve_paths, weights_sha256
 from tensorlist.provenance.record.modelfile import read_training_record, save_model_file
 from tensorlist.provenance.record.spec import spec, spec_or_none, to_json
 
@@ -532,9 +533,22 @@ class TrainingRecorder:
             self.best_epoch, self.best_validation = self.epochs_done, value
         return self.epochs_done
 
-    def resume(self, record: Mapping) -> None:
-        """Continues the history of an earlier run's record (e.g. read from its last checkpoint)."""
+    def resume(self, record, *, directory=None) -> None:
+        """Continues the history of an earlier run's record (e.g. read from its last checkpoint).
+
+        Args:
+            record: the record, or anything :func:`read_training_record` reads
+                one from (a model file's path included).
+            directory: where the file holding ``record`` is (default: the
+                directory of ``record`` when it is a path): the record's
+                relative paths are read from there (:func:`resolve_paths`), so
+                the next saves, wherever they go, name the same origin.
+        """
+        if directory is None and isinstance(record, (str, os.PathLike)):
+            directory = os.path.dirname(os.fsdecode(record))
         record = read_training_record(record)
+        if directory is not None:
+            record = resolve_paths(record, directory)
         self.training_loss = list(record["history"]["training_loss"])
         self.validation_values = list(record["history"]["validation"])
         self.learning_rates = list(record["history"]["learning_rate"])

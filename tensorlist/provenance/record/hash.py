@@ -20,13 +20,14 @@ from typing import Any, Dict, Iterator, Optional, Tuple
 
 import numpy as np
 
+from tensorlist._base import backends
 from tensorlist._base import dtypes as _dtypes
 from tensorlist import reader
 from tensorlist.format import Limits, is_tensor_list, read_json_file
 from tensorlist.provenance.record._common import is_torch_module, is_torch_tensor, torch_to_numpy
 
 __all__ = ["WEIGHTS_HASH_TAG", "CHECKPOINT_WEIGHTS", "weights_sha256", "numpy_weights", "dataset_content_hash",
-           "model_file_origin", "weights_pointer", "file_weights_sha256"]
+           "model_file_origin", "anchor_paths", "resolve_paths", "weights_pointer", "file_weights_sha256"]
 
 #: Where a Lightning checkpoint (``tensorlist.lightning``'s document) holds its weights, as a JSON pointer.
 CHECKPOINT_WEIGHTS = "/state_dict"
@@ -219,12 +220,109 @@ def file_weights_sha256(path) -> str:
 def model_file_origin(path, *, relative_to=None) -> dict:
     """``initial_weights.origin`` for weights loaded from the model file (or Lightning checkpoint) ``path``.
 
-    Returns ``{"file": path as given, "weights_sha256": hash of the file's weights}``
+    Returns ``{"file": ..., "weights_sha256": hash of the file's weights}``
     (the hash is computed from the weights, not trusted from the file's record).
-    With ``relative_to`` (the directory the new model files are saved in),
-    ``file`` is the path from there, as ``tensorlist.provenance.lineage`` resolves it, so
-    the chain still resolves once both directories are moved together.
+    ``file`` is ``path`` made absolute (a relative ``path`` is read from the
+    working directory now, where the caller named it), so it means one file
+    wherever the record goes; every writer of a record stores it relative to
+    the directory of the file it saves (:func:`anchor_paths`), as
+    ``tensorlist.provenance.lineage`` resolves it, so a chain of files moved
+    together still resolves. With ``relative_to`` (the directory the new
+    files are saved in), ``file`` is the path from there already.
+
+    Example:
+        >>> import os, tempfile, numpy as np, tensorlist
+        >>> runs = tempfile.mkdtemp(); os.mkdir(os.path.join(runs, "A"))
+        >>> tensorlist.save(os.path.join(runs, "A", "model.tl"), {"w": np.zeros(2, np.float32)})
+        >>> model_file_origin(os.path.join(runs, "A", "model.tl"))["file"] == os.path.join(runs, "A", "model.tl")
+        True
+        >>> model_file_origin(os.path.join(runs, "A", "model.tl"), relative_to=os.path.join(runs, "B"))["file"]
+        '../A/model.tl'
     """
     path = os.fsdecode(path)
-    shown = path if relative_to is None else os.path.relpath(path, os.fsdecode(relative_to))
+    shown = os.path.abspath(path) if relative_to is None else os.path.relpath(path, os.fsdecode(relative_to))
     return {"file": shown, "weights_sha256": file_weights_sha256(path)}
+
+
+def _with_paths(record, change):
+    """``record`` with ``change`` applied to its paths: ``initial_weights.file`` and ``initial_weights.origin.file``.
+
+    A new record (of the same type) when a path changes, else ``record`` itself;
+    anything that is not shaped as a record is left for validation to name.
+    """
+    initial = record.get("initial_weights") if isinstance(record, Mapping) else None
+    if not isinstance(initial, Mapping):
+        return record
+    changed = dict(initial)
+    if isinstance(initial.get("file"), str):
+        changed["file"] = change(initial["file"])
+    origin = initial.get("origin")
+    if isinstance(origin, Mapping) and isinstance(origin.get("file"), str):
+        changed["origin"] = dict(origin, file=change(origin["file"]))
+    if changed == initial:
+        return record
+    out = type(record)(record) if isinstance(record, dict) else dict(record)
+    out["initial_weights"] = changed
+    return out
+
+
+def anchor_paths(record, directory):
+    """``record`` as a file saved in ``directory`` holds it: each absolute path made relative to ``directory``.
+
+    A record's paths (``initial_weights.origin.file``, ``initial_weights.file``)
+    are read from the directory of the file holding the record; every writer
+    of a record (model files, the loops' checkpoints, Lightning's checkpoints,
+    optimizer files) stores it through here. The path is taken from the
+    directory's real location (symlinks resolved, the file's own name kept),
+    so ``..`` steps lead where the system resolves them; files moved together
+    keep resolving. Relative paths (already from ``directory``) and URLs are
+    kept; so is a path with no relative form (another drive on Windows).
+
+    Args:
+        record: the record (a dict).
+        directory: the directory of the file the record goes into (``""``:
+            the working directory; a URL: the record is kept as it is).
+
+    Returns:
+        A new record when a path changed, else ``record`` itself (never changed in place).
+
+    Example:
+        >>> rec = {"initial_weights": {"from": None, "origin": {"file": "/runs/A/model.tl", "weights_sha256": "0"}}}
+        >>> anchor_paths(rec, "/runs/B")["initial_weights"]["origin"]["file"]
+        '../A/model.tl'
+    """
+    base = os.fsdecode(directory)
+    if backends.is_url(base):  # a remote file: no local path is relative to it
+        return record
+
+    def relative(path: str) -> str:
+        if not os.path.isabs(path):
+            return path
+        head, name = os.path.split(path)
+        try:
+            rel = os.path.relpath(os.path.realpath(head), os.path.realpath(base))
+        except ValueError:  # no relative path (another drive), or a NUL that validation names
+            return path
+        return name if rel == os.curdir else os.path.join(rel, name)
+
+    return _with_paths(record, relative)
+
+
+def resolve_paths(record, directory):
+    """``record`` read from a file in ``directory``, each relative path made absolute (joined to ``directory``).
+
+    The inverse of :func:`anchor_paths`, for a record that goes on (a resumed
+    run's recorder): its paths then mean the same files wherever the next
+    save is. URLs and absolute paths are kept.
+
+    Example:
+        >>> rec = {"initial_weights": {"from": None, "origin": {"file": "../A/model.tl", "weights_sha256": "0"}}}
+        >>> resolve_paths(rec, "/runs/B")["initial_weights"]["origin"]["file"]
+        '/runs/B/../A/model.tl'
+    """
+    base = os.path.abspath(os.fsdecode(directory))
+
+    def absolute(path: str) -> str:
+        return path if os.path.isabs(path) or backends.is_url(path) else os.path.join(base, path)
+
+    return _with_paths(record, absolute)

@@ -23,7 +23,7 @@ from tensorlist.schema import validate
 from tensorlist.writer import save
 from tensorlist.provenance.record._common import copy_json, short
 from tensorlist.provenance.record.core import FORMAT, TrainingRecord, check_strict_json, is_training_record, validate_dataset_params, validate_training_record
-from tensorlist.provenance.record.hash import numpy_weights, weights_sha256
+from tensorlist.provenance.record.hash import anchor_paths, numpy_weights, weights_sha256
 
 __all__ = ["read_training_record", "read_dataset_params", "save_model_file", "verify_model_file"]
 
@@ -127,7 +127,9 @@ def save_model_file(path, weights, *, training: Mapping, dataset_params: Mapping
 
     The descriptor's ``metadata`` is ``{"training": record, "dataset_params":
     data record, **metadata}``. The record's ``weights.sha256`` is set to
-    :func:`~tensorlist.provenance.record.weights_sha256` of ``weights``. Both records are
+    :func:`~tensorlist.provenance.record.weights_sha256` of ``weights``, and its absolute
+    paths (the origin's) are stored relative to the file's directory
+    (:func:`~tensorlist.provenance.record.anchor_paths`). Both records are
     validated before anything is written; the JSON is strict.
 
     Args:
@@ -151,6 +153,7 @@ def save_model_file(path, weights, *, training: Mapping, dataset_params: Mapping
     arrays = numpy_weights(weights)
     if not isinstance(training, Mapping):
         raise TypeError(f"training must be a training record (dict), got {type(training).__qualname__}")
+    training = anchor_paths(training, os.path.dirname(os.fsdecode(path)))  # its paths are read from there
     record = TrainingRecord(training)  # copied whole once valid; only weights changes before
     digest = weights_sha256(arrays)
     if isinstance(record.get("weights"), dict):
