@@ -11,7 +11,12 @@ hundreds of small tensors), warms the page cache, then times, interleaved:
   byte ranges, nothing else.
 
 and prints the ratio (hashlib time / weights_sha256 time; 1.0 = as fast as
-hashlib; the target is >= 0.9). ``--check`` exits 1 below the target.
+hashlib; the target is >= 0.9), by wall clock (best of the runs, and the
+median of the rounds' paired ratios) and by the CPU time the process itself
+spent. On a shared machine other processes take time slices from either side
+at random (two busy processes on 2 cores moved the wall ratio from 0.97 to
+0.40 between two runs), so the CPU-time ratio is the one ``--check`` judges;
+the load average is printed beside it. ``--check`` exits 1 below the target.
 
     python bench/bench_hash.py --size-mib 512 --repeat 5 --check
 """
@@ -22,6 +27,7 @@ import hashlib
 import json
 import mmap
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -77,12 +83,32 @@ def hashlib_same_bytes(path: str) -> str:
     return h.hexdigest()
 
 
+def _timed(fn) -> tuple:
+    """(wall seconds, this process's CPU seconds) of one call."""
+    w, c = time.perf_counter(), time.process_time()
+    fn()
+    return time.perf_counter() - w, time.process_time() - c
+
+
+def _rounds(path: str, repeat: int) -> tuple:
+    """``repeat`` rounds, each timing weights_sha256 and hashlib once, their order alternating."""
+    t_tl, t_hl = [], []
+    for i in range(repeat):
+        first, second = (weights_sha256, hashlib_same_bytes) if i % 2 == 0 else (hashlib_same_bytes, weights_sha256)
+        a, b = _timed(lambda: first(path)), _timed(lambda: second(path))
+        tl, hl = (a, b) if first is weights_sha256 else (b, a)
+        t_tl.append(tl)
+        t_hl.append(hl)
+    return t_tl, t_hl
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size-mib", type=int, default=512, help="data size in MiB (>= 256 for the claim)")
-    parser.add_argument("--repeat", type=int, default=5, help="timed runs of each (the best is kept)")
+    parser.add_argument("--repeat", type=int, default=5, help="timed rounds (the best and the median are shown)")
     parser.add_argument("--dir", default=None, help="where to write the file (default: a temporary directory)")
-    parser.add_argument("--check", action="store_true", help=f"exit 1 when the ratio is below {TARGET}")
+    parser.add_argument("--check", action="store_true",
+                        help=f"exit 1 when the CPU-time ratio is below {TARGET}")
     args = parser.parse_args(argv)
 
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
@@ -95,25 +121,22 @@ def main(argv=None) -> int:
         # warm the page cache so both sides read memory, not disk
         hashlib_same_bytes(path)
         assert weights_sha256(path) == expected
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+        t_tl, t_hl = _rounds(path, args.repeat)
 
-        t_tl, t_hl = [], []
-        for _ in range(args.repeat):
-            t0 = time.perf_counter()
-            weights_sha256(path)
-            t_tl.append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            hashlib_same_bytes(path)
-            t_hl.append(time.perf_counter() - t0)
-
-    best_tl, best_hl = min(t_tl), min(t_hl)
+    best_tl, best_hl = min(w for w, _ in t_tl), min(w for w, _ in t_hl)
     ratio = best_hl / best_tl
+    paired = statistics.median(h[0] / t[0] for t, h in zip(t_tl, t_hl))
+    cpu_ratio = min(c for _, c in t_hl) / min(c for _, c in t_tl)
     gib = n_bytes / (1 << 30)
     print(f"data: {n_bytes / (1 << 20):.0f} MiB in one memory-mapped tensorlist file "
-          f"(float32 + bfloat16 + 300 small tensors), best of {args.repeat} runs each")
+          f"(float32 + bfloat16 + 300 small tensors), {args.repeat} rounds, best of each")
+    print(f"load average before: {load:.2f} on {os.cpu_count()} CPUs (other processes make wall times noisy)")
     print(f"hashlib.sha256 over the same bytes: best {best_hl * 1e3:8.1f} ms  ({gib / best_hl:.2f} GiB/s)")
     print(f"weights_sha256(path)              : best {best_tl * 1e3:8.1f} ms  ({gib / best_tl:.2f} GiB/s)")
-    print(f"ratio (hashlib time / weights_sha256 time): {ratio:.3f}  (target >= {TARGET})")
-    if args.check and ratio < TARGET:
+    print(f"ratio (hashlib time / weights_sha256 time): {ratio:.3f} by wall clock "
+          f"(median of paired rounds {paired:.3f}), {cpu_ratio:.3f} by CPU time  (target >= {TARGET})")
+    if args.check and cpu_ratio < TARGET:
         print("FAIL: below target", file=sys.stderr)
         return 1
     return 0
