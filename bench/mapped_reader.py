@@ -3,6 +3,7 @@
 A module of its own because its base, ``tensorlist.dcp.TensorListReader``, needs torch, which
 bench_dcp.py imports only in the phases that run ranks (its parent process stays torch-free).
 """
+import torch  # noqa: F401 - the base class needs it; the first import says so where it is missing
 from torch.futures import Future
 
 from tensorlist.dcp import TensorListReader

@@ -151,7 +151,8 @@ def test_bench_loaders_runs_every_installed_contender_cold_and_warm(tmp_path):
 
 # The bench scripts that need a framework at import, and which; every other one (and its smoke test, which
 # skips on nothing) must import with none installed: the notorch CI leg runs them.
-NEEDS_FRAMEWORK = {"bench_gpu_load": "torch", "bench_loaders": "torch", "bench_jax_shards": "jax"}
+NEEDS_FRAMEWORK = {"bench_gpu_load": "torch", "bench_loaders": "torch", "bench_jax_shards": "jax",
+                   "mapped_reader": "torch"}
 FRAMEWORKS = ("torch", "jax", "jaxlib", "flax", "orbax", "mlx", "tensorflow", "lightning", "pytorch_lightning",
               "transformers", "accelerate", "safetensors", "cryptography", "model_signing")
 

@@ -107,8 +107,10 @@ def test_async_save_sends_the_writer_to_a_background_process(tmp_path):
     script = tmp_path / "child.py"
     script.write_text(CHILD)
     import os
-    out = subprocess.run([sys.executable, str(script), str(tmp_path), SUPPORT],
-                         capture_output=True, text=True, timeout=180)
+    # the child imports this module (its folder) and, through it, the support modules
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [SUPPORT, os.environ.get("PYTHONPATH")])))
+    out = subprocess.run([sys.executable, str(script), str(tmp_path), os.path.dirname(os.path.abspath(__file__))],
+                         capture_output=True, text=True, timeout=180, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "saved 0 Future" in out.stdout and "saved 1 AsyncSaveResponse" in out.stdout
     for i in range(2):
