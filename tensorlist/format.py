@@ -43,6 +43,8 @@ __all__ = [
     "is_tensor_list",
     "find_tensor_lists",
     "read_json_file",
+    "not_tensorlist",
+    "no_list_error",
     "read_json_bytes",
     "read_capped",
     "open_regular",
@@ -258,10 +260,40 @@ def read_json_file(path, limits: Limits = Limits(), *, fast: bool = False) -> An
     With ``fast``, the ``tensors`` arrays of TensorLists are left unparsed as
     :class:`TensorSpan` objects for ``parse_list`` to read in C (the rest of the
     document is parsed as usual); only the reading path uses this.
+
+    A file that is not JSON but recognisably another format's (safetensors,
+    npz, torch, a checkpoint directory...) is refused saying so
+    (:func:`not_tensorlist`).
     """
     path = os.fspath(path)
-    text = read_regular(path, limits.max_descriptor_bytes, what="descriptor")
-    return read_json_bytes(text, file=path, limits=limits, fast=fast)
+    try:
+        text = read_regular(path, limits.max_descriptor_bytes, what="descriptor")
+        return read_json_bytes(text, file=path, limits=limits, fast=fast)
+    except FormatError as e:
+        other = not_tensorlist(path)
+        if other is None:
+            raise
+        raise other from e
+
+
+def not_tensorlist(file, doc: Any = None) -> Optional[FormatError]:
+    """The error saying what ``file`` is when a tensorlist reader was handed another format's file, else None.
+
+    Asked only once reading has failed (a valid file never pays for it): of the
+    file's first bytes, or of ``doc``, a parsed document holding no TensorList
+    (a Hugging Face index). The formats and their messages are the converters'
+    (``tensorlist.convert.formats.foreign_error``), imported here on that path only.
+    """
+    if file is None:
+        return None
+    from tensorlist.convert.formats import foreign_error
+
+    return foreign_error(file, doc)
+
+
+def no_list_error(doc: Any, file) -> FormatError:
+    """The error for a document that is no TensorList and embeds none (or says what other format it is)."""
+    return not_tensorlist(file, doc) or FormatError("is not a TensorList descriptor and embeds none", file=file)
 
 
 def read_json_bytes(buf, *, file=None, limits: Limits = Limits(), fast: bool = False) -> Any:
@@ -305,7 +337,7 @@ def select_list(doc: Any, pointer: Optional[str], file: Optional[str]) -> Tuple[
         raise FormatError(
             f"is not a TensorList descriptor but a document embedding {len(found)} of them at "
             f"{shown}: pass pointer= to choose one", file=file)
-    raise FormatError("is not a TensorList descriptor and embeds none", file=file)
+    raise no_list_error(doc, file)
 
 
 def _fast_document(buf: bytes, file) -> Any:

@@ -16,8 +16,8 @@ from tensorlist._base import tree as _tree
 from tensorlist._storage.datafile import open_consistently
 from tensorlist._base.jsonio import loads_strict, resolve_pointer
 from tensorlist.errors import FormatError
-from tensorlist.format import (Limits, ListDescriptor, TensorSpan, find_tensor_lists, looks_like_list, parse_list, read_json_file,
-                     short_repr)
+from tensorlist.format import (Limits, ListDescriptor, TensorSpan, find_tensor_lists, looks_like_list, no_list_error,
+                     parse_list, read_json_file, short_repr)
 
 __all__ = ["load_schema", "schema_validator", "validate"]
 
@@ -149,7 +149,7 @@ def validate(obj, *, pointer: Optional[str] = None, base_dir=None, check_data: b
         else:
             targets = find_tensor_lists(doc)
             if not targets:
-                raise FormatError("is not a TensorList descriptor and embeds none", file=file)
+                raise no_list_error(doc, file)
         out = []
         for ptr in targets:
             node = resolve_pointer(doc, ptr, file=file)

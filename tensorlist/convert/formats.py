@@ -21,12 +21,13 @@ import numpy as np
 from tensorlist._base import dtypes as _dtypes
 from tensorlist._base.backends import filesystem, is_remote, localize
 from tensorlist.errors import FormatError
-from tensorlist.format import Limits, dims_problem, open_regular, shape_nbytes
+from tensorlist.format import Limits, dims_problem, looks_like_list, open_regular, shape_nbytes
 
 __all__ = ["FORMATS", "MAX_SAFETENSORS_HEADER", "DEFAULT_SHARD_BYTES", "NPZ_SIDECAR", "ST_DTYPES", "ST_NAMES",
            "ST_RANK", "ST_NOT_HERE", "ST_PACKED", "st_shape", "packed_shape", "RAW_DTYPES", "UINT", "MAX_EXPANSION", "MIN_EXPANSION_BYTES",
            "check_format", "check_shape", "row_of", "check_limits", "expansion_cap", "infer_format", "Entry", "Source",
-           "MetadataDroppedWarning", "DCP_FORMATS", "TORCH_DCP_METADATA", "is_directory"]
+           "MetadataDroppedWarning", "DCP_FORMATS", "TORCH_DCP_METADATA", "is_directory", "foreign_error",
+           "TORCH_LEGACY_MAGIC", "GGUF_MAGIC"]
 
 FORMATS = ("tensorlist", "lamp", "safetensors", "hf", "npz", "npy", "pt", "dcp", "torch-dcp")
 #: Checkpoint directories: ``dcp``, tensorlist's layout of torch.distributed.checkpoint (read and written);
@@ -158,7 +159,7 @@ def infer_format(path, *, for_reading: bool = False) -> str:
             return fmt
     if for_reading and not is_remote(os.fspath(path)):
         sniffed = _sniff(localize(os.fspath(path)))
-        if sniffed:
+        if sniffed in FORMATS:
             return sniffed
     return "tensorlist"
 
@@ -200,7 +201,20 @@ def _checkpoint_format(path: str) -> str:
     return "dcp"
 
 
+#: The first bytes of a file ``torch.save`` wrote in its legacy (pre-1.6, not zip) format: pickle protocol 2
+#: of torch's magic number 0x1950a86a20f9469cfc6c (torch/serialization.py, ``MAGIC_NUMBER``).
+TORCH_LEGACY_MAGIC = b"\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19"
+#: The first bytes of a GGUF file (llama.cpp's format; tensorlist recognises it, and reads it not).
+GGUF_MAGIC = b"GGUF"
+
+
 def _sniff(path: str) -> Optional[str]:
+    """The format a local file's first bytes say it is (``FORMATS``, or ``"gguf"``), or None.
+
+    The one recognizer of other formats' bytes: :func:`infer_format` reads a
+    file named without a known extension by it, and :func:`foreign_error` says
+    what a file handed to a tensorlist reader is instead.
+    """
     try:
         # a FIFO or device is not sniffed (and never blocks here): the opener refuses it by name
         fd = open_regular(path, what="file")
@@ -210,6 +224,10 @@ def _sniff(path: str) -> Optional[str]:
         head = f.read(16)
         if head.startswith(b"\x93NUMPY"):
             return "npy"
+        if head.startswith(TORCH_LEGACY_MAGIC):
+            return "pt"
+        if head.startswith(GGUF_MAGIC):
+            return "gguf"
         if head.startswith(b"PK"):
             import zipfile  # here: sniffing a .tl or .json file never needs it
 
@@ -224,6 +242,70 @@ def _sniff(path: str) -> Optional[str]:
         if 2 <= n <= MAX_SAFETENSORS_HEADER:
             return "safetensors"
     return None
+
+
+#: What a file of each format recognised in place of a tensorlist file is called in the message saying so.
+_FOREIGN_NAMES = {"safetensors": "a safetensors file", "hf": "the index of a Hugging Face sharded checkpoint",
+                  "npz": "a NumPy .npz archive", "npy": "a NumPy .npy array", "pt": "a torch file (torch.save)",
+                  "dcp": "a checkpoint directory (tensorlist's DCP layout)",
+                  "torch-dcp": "a checkpoint directory (DCP's FileSystemWriter layout)",
+                  "gguf": "a GGUF file (llama.cpp's format)"}
+
+
+def _is_hf_index(doc: Any) -> bool:
+    return isinstance(doc, dict) and isinstance(doc.get("weight_map"), dict) and not looks_like_list(doc)
+
+
+def _recognize(path: str) -> Optional[str]:
+    """The format of the local file or directory ``path`` when it is recognisably not a tensorlist file."""
+    if is_remote(path):
+        return None  # a URL is not fetched again on an error path
+    local = localize(path)
+    if os.path.isdir(local):
+        from tensorlist.dcp import METADATA_NAME  # here: a file's name never needs the checkpoint reader
+
+        if os.path.isfile(os.path.join(local, METADATA_NAME)) or \
+                os.path.isfile(os.path.join(local, TORCH_DCP_METADATA)):
+            return _checkpoint_format(local)
+        return None
+    return _sniff(local)
+
+
+def _tensorlist_name(path: str) -> str:
+    """The tensorlist file a converted ``path`` would naturally be: its name with ``.tl`` for its extensions."""
+    base = path.rstrip("/") or path
+    for ext in (".safetensors.index.json", ".index.json", ".safetensors", ".npz", ".npy", ".pt", ".pth", ".bin",
+                ".ckpt", ".gguf"):
+        if base.lower().endswith(ext):
+            return base[: -len(ext)] + ".tl"
+    return base + ".tl"
+
+
+def foreign_error(path, doc: Any = None) -> Optional[FormatError]:
+    """A FormatError saying what ``path`` is, when a tensorlist reader was handed another format's file; else None.
+
+    The one place the package tells a user who passed a safetensors, npz, npy,
+    torch or GGUF file, a Hugging Face index or a checkpoint directory where a
+    tensorlist file was expected what that file is, and which command reads it.
+    The readers call it when a file fails to parse (``format.read_json_file``),
+    with ``doc`` when a JSON document holds no TensorList: a valid file never
+    pays for it.
+    """
+    import shlex
+
+    name = os.fspath(path)
+    fmt = "hf" if _is_hf_index(doc) else _recognize(name) if doc is None else None
+    if fmt is None:
+        return None
+    shown, target = shlex.quote(name), shlex.quote(_tensorlist_name(name))
+    if fmt == "gguf":
+        how = "tensorlist does not read GGUF (llama.cpp's gguf package does)"
+    elif fmt in DCP_FORMATS:
+        how = (f"`tensorlist validate {shown}` checks it, `tensorlist inspect {shown}` lists it, "
+               f"`tensorlist convert {shown} {target}` flattens it into one")
+    else:
+        how = f"`tensorlist convert {shown} {target}` converts it, `tensorlist inspect {shown}` lists its tensors"
+    return FormatError(f"{_FOREIGN_NAMES[fmt]}, not a tensorlist file: {how}", file=name)
 
 
 class Entry:
