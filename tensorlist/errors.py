@@ -9,10 +9,12 @@ the readers turn it into a FormatError naming the file and the tensor.
 """
 from __future__ import annotations
 
+import errno
+import os
 from typing import Optional
 
 __all__ = ["TensorListError", "FormatError", "ChecksumError", "UnsupportedDTypeError", "SignatureError",
-           "short_repr"]
+           "DestinationExistsError", "short_repr"]
 
 
 class TensorListError(Exception):
@@ -77,6 +79,29 @@ class ChecksumError(FormatError):
 
 class SignatureError(TensorListError, ValueError):
     """A signature or attestation that does not verify or cannot be read (``tensorlist.provenance.signing``), naming the file."""
+
+
+class DestinationExistsError(TensorListError, FileExistsError):
+    """A write would replace a file or directory that the caller did not ask to replace.
+
+    Raised before anything is written (``tensorlist._storage.destinations``):
+    a command with several outputs checks them all first.
+
+    Attributes:
+        file: the destination that exists.
+        reason: what is in the way (``"exists"``; a directory: ``"exists and is not empty"``).
+        hint: how to replace it anyway (the command line says ``pass --force``).
+    """
+
+    def __init__(self, file, reason: str = "exists", hint: str = "pass overwrite=True to replace it") -> None:
+        self.file, self.reason, self.hint = os.fspath(file), reason, hint
+        super().__init__(errno.EEXIST, f"{reason}; {hint}", self.file)
+
+    def __str__(self) -> str:
+        return f"{self.file}: {self.reason}; {self.hint}"
+
+    def __reduce__(self):  # keep the keyword attributes through pickling
+        return type(self), (self.file, self.reason, self.hint)
 
 
 class UnsupportedDTypeError(TensorListError, TypeError):

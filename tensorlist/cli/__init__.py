@@ -19,15 +19,18 @@ from tensorlist._base import backends
 from tensorlist._base import dtypes as _dtypes
 from tensorlist.cli import provenance as _provenance_cli
 from tensorlist.cli import sign as _sign_cli
+from tensorlist.cli.messages import print_error, problem
 from tensorlist._base import tree as _tree
 from tensorlist._base.terminal import EscapingStream, column, pad
 from tensorlist.errors import TensorListError
 from tensorlist.format import find_tensor_lists, looks_like_list, read_json_file
 from tensorlist.reader import Reader
 from tensorlist.schema import validate
+from tensorlist._storage.commit import atomic_file
+from tensorlist._storage.destinations import made_directories, refuse_existing
 
 EXAMPLES = {
-    "demo": "examples:\n  tensorlist demo\n  tensorlist demo --dir ./demo-out",
+    "demo": "examples:\n  tensorlist demo\n  tensorlist demo --dir ./demo-out\n  tensorlist demo --dir ./demo-out --force",
     "inspect": ("examples:\n  tensorlist inspect model.tl\n  tensorlist inspect ckpt.json --pointer /model --json\n"
                 "  tensorlist inspect model.safetensors\n  tensorlist inspect s3://bucket/run/final.tl\n"
                 "  tensorlist inspect ckpt/            (a DCP checkpoint directory, either layout)\n"
@@ -40,7 +43,10 @@ EXAMPLES = {
                 "  tensorlist convert weights.dat out.npz --from tensorlist\n"
                 "  tensorlist convert ckpt.json optimizer.safetensors --pointer /optimizer\n"
                 "  tensorlist convert dcp_ckpt/ model.safetensors      (full tensors from their chunks)\n"
-                "  tensorlist convert stock_dcp_ckpt/ new_ckpt         (DCP FileSystemWriter -> tensorlist layout)\n\n"
+                "  tensorlist convert stock_dcp_ckpt/ new_ckpt         (DCP FileSystemWriter -> tensorlist layout)\n"
+                "  tensorlist convert model.safetensors model.tl --force   (replace model.tl)\n\n"
+                "A destination that exists (a checkpoint directory: one that is not empty) is refused unless\n"
+                "--force is given; a missing directory above it is made.\n\n"
                 "formats: tensorlist (.tl, .json; the default), lamp (.lamp), safetensors (.safetensors),\n"
                 "hf (a sharded checkpoint's .safetensors.index.json), npz (.npz), npy (.npy),\n"
                 "pt (.pt/.pth/.bin/.ckpt, read with torch.load(weights_only=True) only),\n"
@@ -55,6 +61,7 @@ EXAMPLES = {
              "  tensorlist diff --atol 1e-6 run1/final.tl run2/final.tl && echo same\n\n"
              "exit status: 0 the same, 1 different, 2 error"),
     "record": ("examples:\n  tensorlist record final.tl\n  tensorlist record final.tl --plot curves.png\n"
+               "  tensorlist record final.tl --plot curves.png --force   (replace curves.png)\n"
                "  tensorlist record final.tl --json"),
 }
 
@@ -296,8 +303,8 @@ def cmd_validate(args) -> int:
                         f"{', checksums verified' if args.verify else ''})")
         except (TensorListError, ValueError, OSError, ImportError) as e:
             bad += 1
-            text = " ".join(str(e).split())  # one line per problem, whatever the message holds
-            line = f"{f}: error: {text}" if str(f) not in text else f"error: {text}"
+            print_error("validate", problem(e), file=f)  # stderr, as every command's errors; then the next file
+            continue
         print(line)  # outside the try: a closed stdout is not a problem of the file (main ends quietly)
     return 1 if bad else 0
 
@@ -380,9 +387,20 @@ def _core_tour(base: str, say) -> int:
 
 
 def cmd_demo(args) -> int:
-    """A tour of the library on built-in data, then a short training run of the reference loops."""
-    base = args.dir or tempfile.mkdtemp(prefix="tensorlist-demo-")
-    os.makedirs(base, exist_ok=True)
+    """A tour of the library on built-in data, then a short training run of the reference loops.
+
+    ``--dir`` that holds anything is refused without ``--force``: the tour writes
+    fixed names (model.tl, checkpoint.json, training/...) over what is there.
+    """
+    if not args.dir:
+        return _demo(tempfile.mkdtemp(prefix="tensorlist-demo-"))
+    refuse_existing(directories=[args.dir], overwrite=args.force)
+    with made_directories(directories=[args.dir]):
+        return _demo(args.dir)
+
+
+def _demo(base: str) -> int:
+    """The tour, then (with torch) the training run, writing into ``base``."""
     say = print
     rc = _core_tour(base, say)
     if rc:
@@ -419,7 +437,7 @@ def cmd_convert(args) -> int:
 
     convert(args.src, args.dst, src_format=args.src_format, dst_format=args.dst_format,
             progress=False if args.no_progress else None, allow_outside=args.allow_outside,
-            shard_bytes=args.shard_size, pointer=args.pointer)
+            shard_bytes=args.shard_size, pointer=args.pointer, overwrite=args.force)
     print(f"{args.src} -> {args.dst}", file=sys.stderr) if args.verbose else None
     return 0
 
@@ -467,6 +485,8 @@ def _pyplot():
 
 def cmd_record(args) -> int:
     plt = _pyplot() if args.plot else None  # a missing extra is said before anything is printed
+    if args.plot:  # and so is a plot that would replace a file
+        refuse_existing([args.plot], overwrite=args.force)
     rec = _record_source(args.file)
     if args.json:
         print(json.dumps(rec, indent=2))
@@ -526,9 +546,19 @@ def _plot(plt, rec, out: str, title: str) -> Optional[str]:
     if groups > 1:
         ax2.legend(fontsize="small")
     fig.tight_layout()
-    fig.savefig(out)
-    plt.close(fig)
+    kind = os.path.splitext(out)[1][1:].lower() or "png"  # the temporary name's extension says nothing
+    try:
+        with made_directories([out]), atomic_file(out) as tmp:
+            fig.savefig(tmp, format=kind)
+    finally:
+        plt.close(fig)
     return note
+
+
+def _add_force(parser: argparse.ArgumentParser, what: str) -> None:
+    """The one ``--force`` of every command that writes files: without it, nothing existing is replaced."""
+    parser.add_argument("-f", "--force", action="store_true",
+                        help=f"{what} (without it, a destination that exists is refused and nothing is written)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -540,6 +570,7 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="run a short tour of the library on built-in data", epilog=EXAMPLES["demo"],
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     d.add_argument("--dir", help="where to write the demo files (default: a new temporary directory)")
+    _add_force(d, "write into a --dir that is not empty, replacing the demo's files there")
     d.set_defaults(func=cmd_demo)
 
     i = sub.add_parser("inspect", help="list the tensors of a file or checkpoint directory", epilog=EXAMPLES["inspect"],
@@ -572,6 +603,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--no-progress", action="store_true", help="no progress bar (it shows only on a terminal)")
     c.add_argument("--allow-outside", action="store_true", help="trust a data file outside the source's directory")
     c.add_argument("-v", "--verbose", action="store_true", help="say what was converted")
+    _add_force(c, "replace DST (every file of it: a Hugging Face index and its shards, a checkpoint directory)")
     c.set_defaults(func=cmd_convert)
 
     df = sub.add_parser("diff", help="compare the tensors of two files", epilog=EXAMPLES["diff"],
@@ -590,6 +622,7 @@ def build_parser() -> argparse.ArgumentParser:
     rc.add_argument("--plot", metavar="OUT.png", help="draw training loss, validation and learning rates "
                     "(needs matplotlib: pip install 'tensorlist[plot]')")
     rc.add_argument("--json", action="store_true", help="print the whole record as JSON")
+    _add_force(rc, "replace the --plot file")
     rc.set_defaults(func=cmd_record)
 
     ln = sub.add_parser("lineage", help="follow a model file's chain of origins, checking every link",
@@ -608,6 +641,7 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("model")
     ex.add_argument("--cyclonedx", metavar="OUT.json", help="write a CycloneDX 1.6 JSON BOM")
     ex.add_argument("--model-card", metavar="OUT.md", help="write a Hugging Face model card")
+    _add_force(ex, "replace the outputs")
     ex.set_defaults(func=_provenance_cli.cmd_export)
 
     sg = sub.add_parser("sign", help="sign a model directory, file or checkpoint (OpenSSF model signing)")
@@ -617,6 +651,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "FILE.sig: where the trainers put theirs)")
     sg.add_argument("--provenance", metavar="PROV", help="also write a signed SLSA attestation of the training records")
     sg.add_argument("--certificate-chain", nargs="+", metavar="CERT.pem", help="signing certificate, then intermediates")
+    _add_force(sg, "replace the signature (and attestation)")
     sg.set_defaults(func=_sign_cli.cmd_sign)
     vf = sub.add_parser("verify", help="verify a model against its signature (and attestation)")
     vf.add_argument("path")
@@ -662,7 +697,8 @@ def _reader_gone() -> int:
 
 
 def _error(args, text: str) -> int:
-    print(f"tensorlist {args.command}: error: {' '.join(text.split())}", file=sys.stderr)
+    """Prints a command's error (the one format, ``messages``) and returns its exit status."""
+    print_error(args.command, text)
     return 2 if args.command == "diff" else 1
 
 
@@ -675,9 +711,9 @@ def _run(argv: Optional[List[str]]) -> int:
     except BrokenPipeError as e:
         if _stdout_is_pipe():
             raise  # the reader of stdout went away: main ends quietly
-        return _error(args, str(e))
+        return _error(args, problem(e))
     except (TensorListError, ValueError, OSError, KeyError, TypeError, ImportError) as e:
-        return _error(args, str(e.args[0] if isinstance(e, KeyError) and e.args else e))
+        return _error(args, problem(e))
     except KeyboardInterrupt:
         return 130
     except Exception as e:  # anything else (torch, a storage backend...): still one line, no traceback

@@ -12,6 +12,7 @@ import json
 import sys
 
 from tensorlist._base.terminal import escape_controls
+from tensorlist.cli.messages import print_error
 
 __all__ = ["LINEAGE_EXAMPLES", "EXPORT_EXAMPLES", "cmd_lineage", "cmd_export"]
 
@@ -26,8 +27,10 @@ LINEAGE_EXAMPLES = (
 )
 EXPORT_EXAMPLES = (
     "examples:\n  tensorlist export final.tl --cyclonedx final.cdx.json\n"
-    "  tensorlist export final.tl --model-card README.md\n\n"
-    "The model file is verified first (its records and weights hash); see docs/PROVENANCE_LINEAGE.md."
+    "  tensorlist export final.tl --model-card card/README.md\n"
+    "  tensorlist export final.tl --model-card README.md --force   (replace README.md)\n\n"
+    "The model file is verified first (its records and weights hash); see docs/PROVENANCE_LINEAGE.md.\n"
+    "An output that exists is refused unless --force is given (both checked before either is written)."
 )
 
 
@@ -72,7 +75,7 @@ def cmd_lineage(args) -> int:
             print(_describe(link))
     if not chain.ok:
         b = chain.broken
-        print(f"tensorlist lineage: broken link {b.index} ({_line(b.file)}): {_line(b.reason)}", file=sys.stderr)
+        print_error("lineage", f"broken link {b.index}: {_line(b.reason)}", file=_line(b.file))
         return 1
     if not args.json:
         print(f"lineage: {len(chain.links)} link{'s' if len(chain.links) != 1 else ''}, every one holds")
@@ -82,6 +85,9 @@ def cmd_lineage(args) -> int:
 def cmd_export(args) -> int:
     from tensorlist.provenance.exports import export
 
-    for path in export(args.model, cyclonedx=args.cyclonedx, model_card_path=args.model_card):
+    if args.cyclonedx is None and args.model_card is None:
+        raise ValueError("ask for at least one output: --cyclonedx OUT.json, --model-card OUT.md or both")
+    for path in export(args.model, cyclonedx=args.cyclonedx, model_card_path=args.model_card,
+                       overwrite=args.force):
         print(f"wrote {_line(path)}", file=sys.stderr)
     return 0

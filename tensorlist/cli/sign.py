@@ -1,13 +1,19 @@
 """The ``tensorlist sign`` and ``tensorlist verify`` commands (registered in ``cli.build_parser``)."""
 from __future__ import annotations
 
+from tensorlist._storage.destinations import made_directories, refuse_existing
+
 
 def cmd_sign(args) -> int:
+    """Signs PATH; a signature or attestation that exists is refused without ``--force`` (both checked first)."""
     from tensorlist.provenance.signing import default_signature, sign
     chain = args.certificate_chain or ()
     args.signature = args.signature or default_signature(args.path)
-    files = sign(args.path, private_key=args.key, signature=args.signature, provenance=args.provenance,
-                 certificate_chain=chain)
+    outputs = [args.signature] + ([args.provenance] if args.provenance else [])
+    refuse_existing(outputs, overwrite=args.force)
+    with made_directories(outputs):
+        files = sign(args.path, private_key=args.key, signature=args.signature, provenance=args.provenance,
+                     certificate_chain=chain)
     print(f"{args.path}: signed {len(files)} file{'s' if len(files) != 1 else ''} -> {args.signature}"
           + (f" (attestation: {args.provenance})" if args.provenance else ""))
     return 0

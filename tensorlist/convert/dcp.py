@@ -217,10 +217,7 @@ def write_dcp(src: Source, dst: str, bar, durable: bool, options: dict) -> None:
     if not remote:
         dst = localize(dst)
         if os.path.lexists(dst) and not os.path.isdir(dst):
-            raise NotADirectoryError(f"{dst} is not a directory (a dcp destination is a checkpoint directory)")
-        parent = os.path.dirname(os.path.abspath(dst))
-        if not os.path.isdir(parent):
-            raise FileNotFoundError(f"{parent}: no such directory for {dst}")
+            raise NotADirectoryError(f"{dst}: is not a directory (a dcp destination is a checkpoint directory)")
     save_id = secrets.token_hex(4)
     plan = _from_checkpoint(src, save_id) if isinstance(src, DcpSource) else _from_tensors(src, save_id)
     shards, entries, storage, planner_data, version, modules = plan

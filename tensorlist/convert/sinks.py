@@ -3,7 +3,10 @@
 Every destination is written the one way the package replaces a file
 (``tensorlist._storage.commit``): under a temporary name beside it, fsynced, renamed
 into place, the directory fsynced; a failure removes the temporary file and
-leaves the old destination as it was. tensorlist and lamp files go through
+leaves the old destination as it was. Before that, :func:`_outputs` names every
+file (or directory) a conversion will write, so that the one overwrite rule
+(``tensorlist._storage.destinations``) checks them all before the first is
+written, and the missing directories above them are made. tensorlist and lamp files go through
 :class:`tensorlist.Writer`, which commits data then descriptor; a Hugging Face
 checkpoint renames all its shards, then its index last. ``durable=False``
 skips the fsyncs (not the renames) whatever the format.
@@ -16,12 +19,13 @@ import struct
 import sys
 import warnings
 import zipfile
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from tensorlist._base.backends import is_remote, localize
 from tensorlist._storage.commit import atomic_file, durable_replace, tmp_beside
+from tensorlist._storage.destinations import made_directories, refuse_existing
 from tensorlist._base.jsonio import dumps
 from tensorlist._base.terminal import escape_controls, raw_stream
 from tensorlist.format import Limits, short_repr
@@ -68,10 +72,7 @@ class Progress:
 
 def _checked_destination(dst: str) -> None:
     if os.path.isdir(dst):
-        raise IsADirectoryError(f"{dst} is a directory")
-    parent = os.path.dirname(os.path.abspath(dst))
-    if not os.path.isdir(parent):
-        raise FileNotFoundError(f"{parent}: no such directory for {dst}")
+        raise IsADirectoryError(f"{dst}: is a directory")
 
 
 def _bytes_of(a: np.ndarray) -> memoryview:
@@ -202,6 +203,13 @@ def _hf_shards(entries: Sequence[Entry], limit: int) -> List[List[Entry]]:
     return shards
 
 
+def _hf_files(src: Source, dst: str, shard_bytes: Optional[int]) -> List[str]:
+    """The shards (in order), then the index, that a Hugging Face destination ``dst`` is written as."""
+    shards = _hf_shards(src.entries, int(shard_bytes or DEFAULT_SHARD_BYTES))
+    folder = os.path.dirname(os.path.abspath(dst))
+    return [os.path.join(folder, name) for name in _shard_names(dst, len(shards))] + [os.path.abspath(dst)]
+
+
 def _write_hf(src: Source, dst: str, bar: Progress, durable: bool, options: dict) -> None:
     """Shards, then the index, each under a temporary name; then all shards renamed, the index last.
 
@@ -217,8 +225,7 @@ def _write_hf(src: Source, dst: str, bar: Progress, durable: bool, options: dict
     for entries in shards:
         _st_header(_st_order(entries), {"format": "pt"})  # every refusal before anything is written
     names = _shard_names(dst, len(shards))
-    folder = os.path.dirname(os.path.abspath(dst))
-    finals = [os.path.join(folder, name) for name in names] + [os.path.abspath(dst)]
+    finals = _hf_files(src, dst, options.get("shard_bytes"))
     tmps: List[str] = []
     placed: List[str] = []
     try:
@@ -322,6 +329,21 @@ _WRITERS = {"safetensors": _write_safetensors, "hf": _write_hf, "npz": _write_np
             "pt": _write_pt, "dcp": write_dcp}
 
 
+def _outputs(fmt: str, src: Source, dst: str, shard_bytes: Optional[int]) -> Tuple[List[str], List[str]]:
+    """(the files, the directories) that writing ``src`` to ``dst`` as ``fmt`` creates or replaces.
+
+    A tensorlist file's data file gets a fresh name (``<dst>.<8 hex>.data``): only
+    the descriptor can be in the way. lamp's data file has lamp's fixed name.
+    """
+    if fmt == "dcp":
+        return [], [dst]
+    if fmt == "lamp":
+        return [dst, dst + ".data"], []
+    if fmt == "hf":
+        return _hf_files(src, dst, shard_bytes), []
+    return [dst], []
+
+
 def _destination_format(dst: str, src: str, src_format: Optional[str]) -> str:
     """The destination's format from its name; a checkpoint directory for a checkpoint's name without an extension."""
     fmt = infer_format(dst)
@@ -334,7 +356,7 @@ def _destination_format(dst: str, src: str, src_format: Optional[str]) -> str:
 def convert(src, dst, *, src_format: Optional[str] = None, dst_format: Optional[str] = None,
             progress: Optional[bool] = None, allow_outside: bool = False, shard_bytes: Optional[int] = None,
             pointer: Optional[str] = None, durable: bool = True, max_tensors: Optional[int] = None,
-            max_total_bytes: Optional[int] = None, **writer_options) -> None:
+            max_total_bytes: Optional[int] = None, overwrite: bool = True, **writer_options) -> None:
     """Converts ``src`` into ``dst``, tensor by tensor, bit for bit.
 
     Args:
@@ -354,14 +376,22 @@ def convert(src, dst, *, src_format: Optional[str] = None, dst_format: Optional[
             ``MIN_EXPANSION_BYTES`` (64 MiB): a compressed npz member, a zip bomb
             or a torch file of aliased views cannot fill the disk. Checked from
             the headers, before anything is written.
+        overwrite: replace a destination that exists. False refuses it (every file of the
+            destination checked before any is written: a Hugging Face index and each shard, a
+            lamp file's data file, a checkpoint directory that is not empty), as the command
+            line does without ``--force``.
         **writer_options: passed to :class:`tensorlist.Writer` for tensorlist destinations
             (``alignment``, ``checksum``...).
+
+    The missing directories above the destination (and a checkpoint directory
+    itself) are made, parents included; a conversion that fails removes them again.
 
     Warns:
         MetadataDroppedWarning: the source has metadata and the destination (lamp, npy, pt)
             cannot hold it.
 
     Raises:
+        DestinationExistsError: ``overwrite=False`` and a destination exists (nothing is written).
         FormatError: the source is not a valid file of its format, or over a limit (nothing is
             written).
         ValueError, TypeError: the destination format cannot hold the source's tensors.
@@ -381,6 +411,10 @@ def convert(src, dst, *, src_format: Optional[str] = None, dst_format: Optional[
     with open_source(src, src_format, allow_outside=allow_outside, pointer=pointer, max_tensors=max_tensors,
                      max_total_bytes=max_total_bytes) as s:
         check_limits(s, limits)
+        if writer_options and dst_format not in ("tensorlist", "lamp"):
+            raise TypeError(f"unexpected options for {dst_format}: {sorted(writer_options)}")
+        files, directories = _outputs(dst_format, s, dst, shard_bytes)
+        refuse_existing(files, directories, overwrite=overwrite)  # before any warning: a refusal says one thing
         if isinstance(s, DcpSource) and dst_format != "dcp" and s.pickled():
             warnings.warn(f"{src}: its values {', '.join(map(repr, s.pickled()))} are pickles (torch_save) and are "
                           f"not written to {dst}: only a dcp checkpoint keeps them (as bytes, never unpickled)",
@@ -390,11 +424,23 @@ def convert(src, dst, *, src_format: Optional[str] = None, dst_format: Optional[
                           f"{dst_format} files cannot hold it", MetadataDroppedWarning, stacklevel=2)
         bar = Progress(s.nbytes, os.path.basename(dst), progress)
         try:
-            if dst_format in ("tensorlist", "lamp"):
-                _write_tensorlist(s, dst, dst_format == "lamp", bar, durable, writer_options)
-            else:
-                if writer_options:
-                    raise TypeError(f"unexpected options for {dst_format}: {sorted(writer_options)}")
-                _WRITERS[dst_format](s, dst, bar, durable, {"shard_bytes": shard_bytes})
+            with made_directories(files, directories):
+                if dst_format in ("tensorlist", "lamp"):
+                    _write_tensorlist(s, dst, dst_format == "lamp", bar, durable, writer_options)
+                else:
+                    _WRITERS[dst_format](s, dst, bar, durable, {"shard_bytes": shard_bytes})
+        except (ValueError, TypeError) as e:
+            named = _naming(e, dst)
+            if named is e:
+                raise
+            raise named from e
         finally:
             bar.close()
+
+
+def _naming(e: Exception, dst: str) -> Exception:
+    """``e`` itself, or, for what a destination format cannot hold (a plain ValueError or TypeError from a
+    writer, which knows the tensor but not the file), the same error naming ``dst`` first."""
+    if type(e) not in (ValueError, TypeError) or str(e).startswith(dst):
+        return e  # a FormatError names its own file
+    return type(e)(f"{dst}: {e}")

@@ -24,7 +24,7 @@ the same characters escaped (``_terminal.escape_controls``), so a record
 cannot inject markup, front matter or terminal sequences. docs/PROVENANCE_LINEAGE.md
 maps every field.
 
-Imports ``record``, ``reader``, ``format``, ``_commit``, ``_terminal``, ``errors``.
+Imports ``record``, ``reader``, ``format``, ``_commit``, ``_destinations``, ``_terminal``, ``errors``.
 """
 from __future__ import annotations
 
@@ -38,6 +38,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from tensorlist import __version__
 from tensorlist._storage.commit import atomic_file
+from tensorlist._storage.destinations import made_directories, refuse_existing
 from tensorlist._base.terminal import escape_controls
 from tensorlist.format import MAX_INT, Limits, sha256_file
 from tensorlist.reader import Reader
@@ -352,37 +353,45 @@ def _card(facts: tuple) -> str:
     return "\n".join(front + body) + "\n"
 
 
-def export(path, *, cyclonedx=None, model_card_path=None) -> List[str]:
+def export(path, *, cyclonedx=None, model_card_path=None, overwrite: bool = True) -> List[str]:
     """Writes the exports asked for (each atomically); returns the paths written.
 
     Args:
         path: the model file.
         cyclonedx: where to write the CycloneDX 1.6 JSON BOM, or None.
         model_card_path: where to write the model card (Markdown), or None.
+        overwrite: replace an output that exists; False refuses (both outputs checked before
+            either is written), as ``tensorlist export`` does without ``--force``.
+
+    A missing directory above an output is made (parents included).
 
     Raises:
         ValueError: neither output asked for, both to one path, or an output that is a file of the model.
+        DestinationExistsError: ``overwrite=False`` and an output exists; nothing is written then.
         FormatError, OSError: as :func:`cyclonedx_bom` and :func:`model_card`; nothing is written then.
     """
     if cyclonedx is None and model_card_path is None:
         raise ValueError("export: ask for at least one output (cyclonedx= or model_card_path=)")
-    targets = [os.path.abspath(os.fsdecode(o)) for o in (cyclonedx, model_card_path) if o is not None]
-    if len(set(targets)) < len(targets):
-        raise ValueError(f"export: the CycloneDX BOM and the model card would both be written to {targets[0]!r}")
+    named = [os.fsdecode(o) for o in (cyclonedx, model_card_path) if o is not None]
+    if len({os.path.abspath(o) for o in named}) < len(named):
+        raise ValueError(f"{named[0]}: the CycloneDX BOM and the model card would both be written to it")
     protected = [p for _, p in model_files(path)]
-    for out in targets:
+    for out in named:
         if any(os.path.exists(out) and os.path.samefile(out, p) for p in protected):
-            raise ValueError(f"export: {out!r} is a file of the model itself: refused, it would be overwritten")
+            raise ValueError(f"{out}: a file of the model itself: refused, it would be overwritten (even with "
+                             "overwrite=True)")
     facts = _verified(path)  # one verification and one hash of each file, for both outputs
+    refuse_existing(named, overwrite=overwrite)  # both checked before either is written
     outputs = []
     if cyclonedx is not None:  # both made before either is written: a failure leaves no half export
         outputs.append((cyclonedx, json.dumps(_bom(facts), indent=2) + "\n"))
     if model_card_path is not None:
         outputs.append((model_card_path, _card(facts)))
     written = []
-    for out, text in outputs:
-        with atomic_file(out) as tmp:
-            with open(tmp, "w", encoding="utf-8", errors="strict") as f:
-                f.write(text)
-        written.append(os.fsdecode(out))
+    with made_directories([out for out, _ in outputs]):
+        for out, text in outputs:
+            with atomic_file(out) as tmp:
+                with open(tmp, "w", encoding="utf-8", errors="strict") as f:
+                    f.write(text)
+            written.append(os.fsdecode(out))
     return written

@@ -104,9 +104,9 @@ def test_validate_finds_a_broken_remote_checkpoint(ckpt, slash, capsys):
     fs, root = fsspec.core.url_to_fs(ckpt)
     shard = read_metadata(ckpt).files[0]
     fs.rm_file(f"{root.rstrip('/')}/{shard}")
-    rc, out, _ = cli(capsys, "validate", ckpt + slash)
-    assert rc == 1 and out.count("\n") == 1
-    assert f"shard file {shard!r} of the checkpoint is missing" in out
+    rc, out, err = cli(capsys, "validate", ckpt + slash)
+    assert rc == 1 and out == "" and err.count("\n") == 1 and err.startswith("tensorlist validate: error: ")
+    assert f"shard file {shard!r} of the checkpoint is missing" in err
 
 
 @pytest.mark.parametrize("slash", ["", "/"])
@@ -128,12 +128,17 @@ def test_convert_to_local_files(ckpt, slash, tmp_path, capsys):
 
 @pytest.mark.parametrize("slash", ["", "/"])
 def test_convert_into_an_existing_remote_checkpoint(ckpt, slash, source, capsys):
-    """An existing directory is a dcp destination, named with or without its slash (as a local one)."""
+    """An existing directory is a dcp destination, named with or without its slash (as a local one), replaced
+    with --force only."""
     before = read_metadata(ckpt)
     changed = {k: v + 1 for k, v in TENSORS.items()}
     src = source.replace("flat.tl", "changed.tl")
     tl.save(src, changed)
-    assert cli(capsys, "convert", src, ckpt + slash, "--no-progress")[0] == 0
+    rc, _, err = cli(capsys, "convert", src, ckpt + slash, "--no-progress")
+    assert rc == 1 and err == f"tensorlist convert: error: {ckpt + slash}: exists and is not empty; pass --force to " \
+        "replace it\n"
+    assert read_metadata(ckpt).save_id == before.save_id  # nothing written
+    assert cli(capsys, "convert", src, ckpt + slash, "--no-progress", "--force")[0] == 0
     after = read_metadata(ckpt)
     assert after.save_id != before.save_id and after.files != before.files
     full = read_full(ckpt)
@@ -161,5 +166,5 @@ def test_a_missing_remote_name_is_one_error(folder, capsys):
     assert not is_directory(url)
     rc, out, err = cli(capsys, "inspect", url)
     assert rc == 1 and out == "" and err.startswith("tensorlist inspect: error:") and err.count("\n") == 1
-    rc, out, _ = cli(capsys, "validate", url + "/")
-    assert rc == 1 and "no checkpoint metadata" in out
+    rc, out, err = cli(capsys, "validate", url + "/")
+    assert rc == 1 and out == "" and "no checkpoint metadata" in err

@@ -151,5 +151,5 @@ def test_a_truncated_remote_record_is_refused_naming_the_url(memory_url, tmp_pat
 
 def test_a_missing_remote_data_file_is_refused(memory_url, capsys):
     fsspec.filesystem("memory").rm_file(memory_url.removeprefix("memory://") + "/__0_0.distcp")
-    rc, out, _ = cli(capsys, "validate", memory_url)
-    assert rc == 1 and "data file '__0_0.distcp' of the checkpoint is missing" in out
+    rc, out, err = cli(capsys, "validate", memory_url)
+    assert rc == 1 and out == "" and "data file '__0_0.distcp' of the checkpoint is missing" in err

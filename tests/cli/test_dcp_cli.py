@@ -160,10 +160,10 @@ TILING = [
 def test_validate_refuses_chunks_that_do_not_tile_their_tensor_in_one_line(ckpt, capsys, edit, message):
     _edit(ckpt, edit)
     rc, out, err = cli(capsys, "validate", ckpt)
-    assert rc == 1 and err == [] and len(out) == 1
-    assert out[0].startswith("error: ") and f"{ckpt / METADATA_NAME}" in out[0]
+    assert rc == 1 and out == [] and len(err) == 1
+    assert err[0].startswith(f"tensorlist validate: error: {ckpt / METADATA_NAME}: "), err[0]
     import re
-    assert re.search(message, out[0]), out[0]
+    assert re.search(message, err[0]), err[0]
     with pytest.raises(FormatError, match=message):
         validate_checkpoint(ckpt)
 
@@ -327,10 +327,9 @@ def test_bad_checkpoints_are_one_line_naming_the_file(ckpt, tmp_path, capsys, co
                                                                           "--no-progress"]
     rc, out, err = cli(capsys, *args)
     assert rc == 1
-    lines = out if command == "validate" else err
-    assert len(lines) == 1 and (out == [] or command == "validate") and (err == [] or command == "convert"), (out, err)
-    prefix = "error: " if command == "validate" else "tensorlist convert: error: "
-    assert lines[0].startswith(prefix) and named in lines[0] and str(ckpt) in lines[0], lines[0]
+    lines = err  # validate and convert alike: one error line on stderr
+    assert len(lines) == 1 and out == [], (out, err)
+    assert lines[0].startswith(f"tensorlist {command}: error: {ckpt}") and named in lines[0], lines[0]
     import re
     assert re.search(message, lines[0]), lines[0]
     assert not (tmp_path / "o.tl").exists()

@@ -30,8 +30,10 @@ def tree_file(path, tree=None, mutate=None):
 
 
 def cli(capsys, *args):
+    """validate's exit status, and what it printed: the ok lines (stdout), then the error lines (stderr)."""
     code = main(["validate", *map(str, args)])
-    return code, capsys.readouterr().out
+    printed = capsys.readouterr()
+    return code, printed.out + printed.err
 
 
 def test_a_tree_file_validates(tmp_path, capsys):

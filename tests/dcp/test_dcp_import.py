@@ -258,7 +258,7 @@ def test_a_planted_metadata_pickle_is_refused_and_never_run(stock, tmp_path, pla
         p = subprocess.run([sys.executable, "-m", "tensorlist", *map(str, args)], capture_output=True, text=True,
                            timeout=120)
         assert p.returncode == 1, (args, p.stdout, p.stderr)
-        lines = (p.stdout if args[0] == "validate" else p.stderr).strip().splitlines()
+        lines = p.stderr.strip().splitlines()  # every command's error: one line on stderr
         assert len(lines) == 1 and "Traceback" not in p.stderr, (p.stdout, p.stderr)
         assert f"{src / '.metadata'}: refused: the pickle asks for {name}" in lines[0], lines[0]
     assert not marker.exists() and not (tmp_path / "new").exists()
@@ -304,8 +304,8 @@ def test_bad_stock_checkpoints_are_one_line_naming_the_file(stock, tmp_path, cap
     named, message = damage(src)
     args = ["validate", src] if command == "validate" else ["convert", src, tmp_path / "new", "--no-progress"]
     rc, out, err = cli(capsys, *args)
-    lines = out if command == "validate" else err
-    assert rc == 1 and len(lines) == 1, (out, err)
+    lines = err  # validate and convert alike: the error line on stderr
+    assert rc == 1 and len(lines) == 1 and not out, (out, err)
     assert str(src / named) in lines[0] and message in lines[0], lines[0]
     assert not (tmp_path / "new").exists()
 
@@ -386,8 +386,8 @@ HOSTILE = [
 def test_hostile_stock_metadata_is_one_line(stock, tmp_path, capsys, damage, message):
     src = shutil.copytree(stock[2], tmp_path / "ckpt")
     damage(src)
-    rc, out, _ = cli(capsys, "validate", "--verify", src)
-    assert rc == 1 and len(out) == 1 and message in out[0] and str(src) in out[0], out
+    rc, _, err = cli(capsys, "validate", "--verify", src)
+    assert rc == 1 and len(err) == 1 and message in err[0] and str(src) in err[0], err
 
 
 # --- URLs: S3 on loopback, memory:// ----------------------------------------------------------------

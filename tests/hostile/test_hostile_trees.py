@@ -118,9 +118,9 @@ def _check_cli(capsys, target, good, verdict):
     assert code == 0 and err == "", err
     assert ("tree: invalid (" in out) == (verdict is not None), out
     code, out, err = _cli(capsys, "validate", target, good)
-    lines = out.splitlines()
+    lines = err.splitlines() + out.splitlines()  # an error line goes to stderr, the ok lines to stdout
     assert len(lines) == 2 and lines[1].startswith(f"{good}: ok"), out
-    assert code == (0 if verdict is None else 1) and err == "", err
+    assert code == (0 if verdict is None else 1) and (err == "") == (verdict is None), err
     if verdict is not None:
         assert str(target) in lines[0] and "error" in lines[0] and verdict.split(":")[0] in lines[0], lines[0]
 

@@ -330,7 +330,7 @@ class TestHostileInput:
                      lambda: signing.sign(model, private_key=keys["priv"], signature=sig)):
             with pytest.raises(TensorListError, match="link.txt.*symbolic link"):
                 call()
-        r = _tl("sign", str(model), "--key", keys["priv"], "--signature", sig)
+        r = _tl("sign", str(model), "--key", keys["priv"], "--signature", sig, "--force")  # sig: the one above
         assert r.returncode == 1 and "symbolic link" in r.stderr
         os.remove(model / "sub" / "link.txt")
         os.mkfifo(model / "fifo")
