@@ -23,7 +23,7 @@ docs/LOOPS.md, docs/PROVENANCE.md, docs/CLI.md; README.md to start.
 # The facade is lazy (PEP 562): importing the package runs only ``errors`` and ``_base.backends``, and
 # each public name imports its module on first access (``__getattr__`` below), so that a torch program's
 # ``import tensorlist.torch`` pays for the reader, not for the writer, the JSON Schema or the URL backend;
-# ``tensorlist.remote`` registers its URL handlers when ``_backends.dispatch`` first meets a URL.
+# ``tensorlist.remote`` registers its URL handlers when ``_base.backends.dispatch`` first meets a URL.
 from typing import TYPE_CHECKING
 
 from tensorlist._base import backends as _backends

@@ -724,7 +724,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     """Runs one command (``argv``, default ``sys.argv[1:]``) and returns its exit status.
 
     Every problem is one line on stderr (status 1; 2 for ``diff``, whose 1
-    means "different"). Everything printed goes through ``_terminal.escape_controls``. When the reader of stdout goes away (``| head``), the
+    means "different"). Everything printed goes through ``_base.terminal.escape_controls``. When the reader of stdout goes away (``| head``), the
     command stops quietly with :data:`EXIT_BROKEN_PIPE`, as Unix tools do.
     """
     out, err = sys.stdout, sys.stderr

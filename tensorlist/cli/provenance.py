@@ -4,7 +4,7 @@ Everything printed goes through ``cli.main``'s escaping streams; a path is
 also kept to one line here (its newlines and tabs written as escapes), so that
 each link of a chain is one line whatever its file is called.
 
-Imports ``lineage``, ``exports`` and ``_terminal``.
+Imports ``lineage``, ``exports`` and ``_base.terminal``.
 """
 from __future__ import annotations
 

@@ -9,8 +9,8 @@ pickles (:func:`refuse_pickles`); the export of a model file for
 ``checkpoint-N`` and the newest complete one (:func:`last_checkpoint`).
 ``tensorlist.huggingface`` re-exports the public ones.
 
-Imports torch (through ``torch``, the adapters), ``loops.state``, ``_states``,
-``reader``, ``writer``, ``format``, ``_commit``, ``_jsonio`` and ``errors``;
+Imports torch (through ``torch``, the adapters), ``loops.state``, ``_base.states``,
+``reader``, ``writer``, ``format``, ``_storage.commit``, ``_base.jsonio`` and ``errors``;
 safetensors lazily.
 """
 from __future__ import annotations

@@ -14,7 +14,7 @@ Three pieces, each for ``lightning.pytorch.Trainer``:
   - any other tensor is ``{"__tensor__": <TensorList of one tensor>}``, a
     numpy array ``{"__ndarray__": ...}``, raw ``bytes`` ``{"__bytes__": ...}``
     (uint8, no pickle);
-  - everything else is tagged JSON (``_jsonio.to_tagged``: tuples, non-finite
+  - everything else is tagged JSON (``_base.jsonio.to_tagged``: tuples, non-finite
     floats and non-str keys come back as they were);
   - a value JSON cannot hold (a ``Path``, a ``torch.dtype``, an object) is
     refused naming its key, unless the plugin was made with ``encode=`` (a
@@ -24,7 +24,7 @@ Three pieces, each for ``lightning.pytorch.Trainer``:
 
   Each checkpoint of Lightning's holds a training record (``"training"``,
   ``"dataset_params"``): the one it carries, else one made from the dict
-  itself (``_lightning_record.with_record``), so provenance needs no callback.
+  itself (``lightning.record.with_record``), so provenance needs no callback.
   A stock Lightning ``.ckpt`` (a torch pickle) given to ``load_checkpoint`` is
   refused, never unpickled; :func:`convert_checkpoint` converts one you trust.
   A removal wins over a pending save of its path (``_pending.PendingSaves``):
@@ -42,8 +42,8 @@ Three pieces, each for ``lightning.pytorch.Trainer``:
   ``tensorlist record epoch=1-step=8.ckpt`` reads it.
 
 Imports lightning, torch, ``tensorlist.dcp`` (TensorListWriter/Reader),
-``tensorlist.provenance.record``, ``tensorlist.provenance.signing``, ``_lightning_record``, ``reader``, ``writer``, ``format``,
-``_jsonio``, ``_torch_bridge``, ``errors`` and ``_pending``; nothing imports it.
+``tensorlist.provenance.record``, ``tensorlist.provenance.signing``, ``lightning.record``, ``reader``, ``writer``, ``format``,
+``_base.jsonio``, ``_bridges.torch``, ``errors`` and ``_pending``; nothing imports it.
 
 Example:
     >>> import os, tempfile, torch
@@ -92,7 +92,7 @@ __all__ = [
 
 #: The JSON document a sharded checkpoint directory holds in place of Lightning's pickled ``meta.pt``.
 META_NAME = "meta.json"
-#: One save's meta document (``token``: ``_commit.new_token``), named by the DCP entry :data:`META_KEY`.
+#: One save's meta document (``token``: ``_storage.commit.new_token``), named by the DCP entry :data:`META_KEY`.
 META_PATTERN = "meta.{token}.json"
 _META_RE = re.compile(r"meta\.[0-9a-f]{8}\.json")
 #: The DCP state-dict entry of a sharded save naming its meta document.

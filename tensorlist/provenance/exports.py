@@ -20,11 +20,11 @@ weights hash), so an export never describes weights its record does not match.
 Every string taken from a record is escaped for where it goes: JSON escapes
 its controls itself; YAML scalars are double-quoted with every control, format
 and non-character code point escaped; Markdown values sit in code spans with
-the same characters escaped (``_terminal.escape_controls``), so a record
+the same characters escaped (``_base.terminal.escape_controls``), so a record
 cannot inject markup, front matter or terminal sequences. docs/PROVENANCE_LINEAGE.md
 maps every field.
 
-Imports ``record``, ``reader``, ``format``, ``_commit``, ``_destinations``, ``_terminal``, ``errors``.
+Imports ``record``, ``reader``, ``format``, ``_storage.commit``, ``_destinations``, ``_base.terminal``, ``errors``.
 """
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ def _text(value: Any) -> str:
 def _flatten(value: Any, name: str, out: List[Tuple[str, str]]) -> None:
     """``(dotted name, text)`` for each field of ``value``: objects opened, lists and scalars as text.
 
-    Iterative: a record is nested at most ``_jsonio.MAX_DEPTH`` levels (validated), never a recursion.
+    Iterative: a record is nested at most ``_base.jsonio.MAX_DEPTH`` levels (validated), never a recursion.
     """
     stack = [(name, value)]
     while stack:

@@ -1,8 +1,8 @@
 """What the record's modules share: field names, the nesting bound, warnings, names of objects, torch probes.
 
 Private to ``tensorlist.provenance.record`` (the sub-modules share helpers only through
-here or through public names). Imports ``_jsonio`` (its ``MAX_DEPTH``, the
-package's one nesting limit) and ``errors``, plus ``_torch_bridge`` inside
+here or through public names). Imports ``_base.jsonio`` (its ``MAX_DEPTH``, the
+package's one nesting limit) and ``errors``, plus ``_bridges.torch`` inside
 :func:`torch_to_numpy`, which runs only when a torch tensor is actually met:
 importing the record never imports torch.
 
@@ -134,7 +134,7 @@ def torch_to_numpy(tensor, where: str):
 
 
 def _lookup(module: Optional[str], qualname: Optional[str]):
-    """The object ``module.qualname`` among the loaded modules, or None (``_loaded``: nothing imported)."""
+    """The object ``module.qualname`` among the loaded modules, or None (``_base.loaded``: nothing imported)."""
     if not qualname or "<" in qualname:
         return None
     return loaded_object(module, qualname)

@@ -2,7 +2,7 @@
 
 Validation runs in one fixed order and stops at the first failure: the
 version marker; strict JSON (the package's one rule,
-``_jsonio.check_json``: str keys, no NaN/Infinity, no lone surrogates, plain
+``_base.jsonio.check_json``: str keys, no NaN/Infinity, no lone surrogates, plain
 JSON types); the shipped schema (``schemas/training-record.schema.json`` or
 ``dataset-params.schema.json``, through ``tensorlist.schema``); then what a
 schema cannot say (list lengths and epochs against each other). Errors are
@@ -18,7 +18,7 @@ entries checked between the two. At most ``MAX_SCHEMA_ERRORS`` schema errors
 are kept to choose the one reported, so a record with many bad fields costs
 bounded memory.
 
-Imports ``schema``, ``_jsonio``, ``errors`` and the record's ``_common`` and ``fastcheck``.
+Imports ``schema``, ``_base.jsonio``, ``errors`` and the record's ``_common`` and ``fastcheck``.
 """
 from __future__ import annotations
 
@@ -100,7 +100,7 @@ def history(values, done: int) -> List[Optional[Union[float, list]]]:
 
     Raises:
         TypeError: ``done`` is not an integer, or a value is not a number (or
-            nests deeper than ``_jsonio.MAX_DEPTH`` lists).
+            nests deeper than ``_base.jsonio.MAX_DEPTH`` lists).
         ValueError: ``done`` is negative or larger than ``len(values)``.
 
     Example:
@@ -306,7 +306,7 @@ def _dotted(value, pointer: Optional[str], prefix: str) -> str:
 def check_strict_json(value, where: str = "", file=None) -> None:
     """Raises FormatError at a value strict JSON cannot hold, naming the field in dotted form.
 
-    The rule is ``_jsonio.check_json`` (the package's one strict-JSON check);
+    The rule is ``_base.jsonio.check_json`` (the package's one strict-JSON check);
     only the field's name is translated from a JSON pointer to the record's
     form, below ``where``.
 

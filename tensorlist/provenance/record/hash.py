@@ -6,8 +6,8 @@ included) and the same weights read back from a file hash alike, because every
 tensor is reduced to (name, canonical dtype name, shape, little-endian C-order
 bytes) before hashing.
 
-Imports ``_dtypes``, ``reader`` (to map a file given by path) and the record's
-``_common``; torch tensors cross through ``_torch_bridge`` (via
+Imports ``_base.dtypes``, ``reader`` (to map a file given by path) and the record's
+``_common``; torch tensors cross through ``_bridges.torch`` (via
 ``_common.torch_to_numpy``), imported only when one is met.
 """
 from __future__ import annotations
@@ -104,7 +104,7 @@ def weights_sha256(weights) -> str:
     * the number of tensors, as u64 little-endian;
     * for each tensor, in order: the byte length (u64 LE) and bytes of its
       UTF-8 name; the byte length (u64 LE) and ASCII bytes of its canonical
-      dtype name (``"float32"``, ``"bfloat16"``, ... as in ``_dtypes``); its
+      dtype name (``"float32"``, ``"bfloat16"``, ... as in ``_base.dtypes``); its
       number of dimensions (u64 LE) and each dimension (u64 LE); the byte
       length of its data (u64 LE) and its raw little-endian C-order bytes.
 

@@ -9,11 +9,11 @@ value JSON cannot hold, it records what it can and warns (:class:`RecordWarning`
 
 Objects held by objects are followed ``_MAX_SPEC_DEPTH`` levels before their
 ``args`` are null. Nesting of any kind (containers and objects alike) is
-followed to the package's one limit, ``_jsonio.MAX_DEPTH``: a value nested
+followed to the package's one limit, ``_base.jsonio.MAX_DEPTH``: a value nested
 deeper, a list holding itself included, could not be read back, so it is
 refused with a FormatError naming the field (not a RecursionError).
 
-Imports ``dtypes``, ``_jsonio``, ``errors``, the record's ``_common`` and ``hash`` (large
+Imports ``dtypes``, ``_base.jsonio``, ``errors``, the record's ``_common`` and ``hash`` (large
 arrays are recorded by their ``weights_sha256``); never torch (a torch value is
 recognised only when torch is already loaded).
 """

@@ -14,7 +14,7 @@ What is signed, for each kind of PATH (names are POSIX paths relative to the roo
   descriptor's directory. Stock ``model_signing verify`` checks such a signature
   on that directory with ``--ignore_unsigned_files``.
 
-Files are hashed by ``_files.sha256_file`` on a few threads: hashlib and
+Files are hashed by ``_base.files.sha256_file`` on a few threads: hashlib and
 ``os.read`` release the GIL, so files hash in parallel where cores are free.
 """
 from __future__ import annotations
