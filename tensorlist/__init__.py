@@ -89,7 +89,14 @@ def _signed_save(path, signing_key):
     return signed_save(path, signing_key)
 
 
+def _foreign_error(file, doc=None):
+    """What a file handed to a tensorlist reader is instead (``convert.formats``, above ``format``)."""
+    from tensorlist.convert.formats import foreign_error
+    return foreign_error(file, doc)
+
+
 _backends.register("device", _load_to_device)
+_backends.register("foreign", _foreign_error)
 _backends.register("sign", _signed_save)
 # the URL backend registers its handlers when imported: on the first URL, not with the package
 _backends.provide(f"{__name__}.remote")

@@ -282,13 +282,15 @@ def not_tensorlist(file, doc: Any = None) -> Optional[FormatError]:
     Asked only once reading has failed (a valid file never pays for it): of the
     file's first bytes, or of ``doc``, a parsed document holding no TensorList
     (a Hugging Face index). The formats and their messages are the converters'
-    (``tensorlist.convert.formats.foreign_error``), imported here on that path only.
+    (``tensorlist.convert.formats.foreign_error``), which sits above this module:
+    the package facade registers it as the ``"foreign"`` backend, imported on
+    this path only.
     """
     if file is None:
         return None
-    from tensorlist.convert.formats import foreign_error
+    from tensorlist._base import backends
 
-    return foreign_error(file, doc)
+    return backends.dispatch("foreign", str(file))(file, doc)
 
 
 def no_list_error(doc: Any, file) -> FormatError:
