@@ -83,7 +83,7 @@ from tensorlist.provenance.record import (TrainingRecorder, anchor_paths, read_t
                                           weights_sha256)
 from tensorlist.provenance.signing import signature_files, signed_save
 from tensorlist.lightning._pending import PendingSaves
-from tensorlist.lightning.record import RECORD_KEYS, SOLVER, global_seed, with_record
+from tensorlist.lightning.record import RECORD_KEYS, SOLVER, global_seed, loss_value, whole_module, with_record
 
 __all__ = [
     "TensorListCheckpointIO", "TensorListModelParallelStrategy", "TensorListFSDPStrategy",
@@ -627,43 +627,6 @@ def load_from_checkpoint(cls, path, *, map_location=None, strict: Optional[bool]
 # the training record
 
 
-def _loss_value(outputs) -> Optional[float]:
-    if isinstance(outputs, Mapping):
-        outputs = outputs.get("loss")
-    if isinstance(outputs, torch.Tensor) and outputs.numel() == 1:
-        return float(outputs.detach())
-    if isinstance(outputs, (int, float)):
-        return float(outputs)
-    return None
-
-
-class _FullWeights(torch.nn.Module):
-    """A sharded module seen whole by the record: its parameters' names, its full state dict (gathered once)."""
-
-    def __init__(self, module, full: Mapping) -> None:
-        super().__init__()
-        self._module = [module]  # a list: not registered as a submodule
-        self._full = full
-
-    def state_dict(self, *args, **kwargs):  # noqa: D102 (the gathered full tensors)
-        return self._full
-
-    def named_parameters(self, *args, **kwargs):  # noqa: D102 (the module's names)
-        return self._module[0].named_parameters(*args, **kwargs)
-
-
-def _hashable(module):
-    """``module``, or a whole view of it when its parameters are DTensors (a collective: every rank calls it)."""
-    from torch.distributed.tensor import DTensor
-
-    if not any(isinstance(p, DTensor) for p in module.parameters()):
-        return module
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    full = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    return _FullWeights(module, full)
-
-
 def _checkpoint_writers(trainer) -> List[Any]:
     """What writes ``trainer``'s checkpoints as tensorlist files: its sharded strategy, its checkpoint IO."""
     strategy = trainer.strategy
@@ -756,7 +719,7 @@ class TrainingRecordCallback(Callback):
             config = trainer.lr_scheduler_configs[0]
             scheduler, step = config.scheduler, ("batch" if config.interval == "step" else "epoch")
         self.recorder = TrainingRecorder(
-            _hashable(pl_module), optimizer, train_loader=trainer.train_dataloader, epochs=int(trainer.max_epochs or 0),
+            whole_module(pl_module), optimizer, train_loader=trainer.train_dataloader, epochs=int(trainer.max_epochs or 0),
             scheduler=scheduler, scheduler_step=step, seed=global_seed(),
             initial_weights={"from": "random_state"}, validation=self._validation(trainer),
             solver=SOLVER,
@@ -785,7 +748,7 @@ class TrainingRecordCallback(Callback):
         self._rate = rates[0] if len(rates) == 1 else rates
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        value = _loss_value(outputs)
+        value = loss_value(outputs)
         if value is not None:
             self._losses.append(value)
 

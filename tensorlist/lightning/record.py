@@ -12,7 +12,7 @@ seed is Lightning's ``PL_GLOBAL_SEED``, as ``TrainingRecordCallback`` reads it.
 A checkpoint that already holds a record (the callback's, which sees the
 Trainer) keeps it.
 
-Imports the ``record`` package only (no lightning, no torch).
+Imports the ``record`` package and torch (no lightning).
 """
 from __future__ import annotations
 
@@ -20,10 +20,13 @@ import os
 from collections.abc import Mapping
 from typing import Any, Optional
 
+import torch
+
 from tensorlist.provenance.record import TrainingRecord, build_training_record, optimizer_state_record
 from tensorlist.provenance.record.spec import to_json
 
-__all__ = ["RECORD_KEYS", "SOLVER", "with_record", "checkpoint_record", "epochs_done", "global_seed"]
+__all__ = ["RECORD_KEYS", "SOLVER", "with_record", "checkpoint_record", "epochs_done", "global_seed",
+           "loss_value", "FullWeights", "whole_module"]
 
 #: The checkpoint's keys holding the record (a model file's metadata keys).
 RECORD_KEYS = ("training", "dataset_params")
@@ -109,3 +112,41 @@ def with_record(checkpoint: Mapping) -> Mapping:
     out["training"] = checkpoint_record(checkpoint)
     out.setdefault("dataset_params", dict(UNKNOWN_DATA))
     return out
+
+
+def loss_value(outputs) -> Optional[float]:
+    """A training step's loss as a float, when ``outputs`` holds one scalar loss."""
+    if isinstance(outputs, Mapping):
+        outputs = outputs.get("loss")
+    if isinstance(outputs, torch.Tensor) and outputs.numel() == 1:
+        return float(outputs.detach())
+    if isinstance(outputs, (int, float)):
+        return float(outputs)
+    return None
+
+
+class FullWeights(torch.nn.Module):
+    """A sharded module seen whole by the record: its parameters' names, its full state dict (gathered once)."""
+
+    def __init__(self, module, full: Mapping) -> None:
+        super().__init__()
+        self._module = [module]  # a list: not registered as a submodule
+        self._full = full
+
+    def state_dict(self, *args, **kwargs):  # noqa: D102 (the gathered full tensors)
+        return self._full
+
+    def named_parameters(self, *args, **kwargs):  # noqa: D102 (the module's names)
+        return self._module[0].named_parameters(*args, **kwargs)
+
+
+def whole_module(module):
+    """``module``, or a whole view of it when its parameters are DTensors (a collective: every rank calls it)."""
+    from torch.distributed.tensor import DTensor
+
+    if not any(isinstance(p, DTensor) for p in module.parameters()):
+        return module
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    full = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return FullWeights(module, full)
