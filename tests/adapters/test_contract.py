@@ -196,7 +196,8 @@ class TorchAdapter(Adapter):
 
     def inputs(self, a):
         t = self.from_numpy(a)
-        return {"t": t, "p": self.torch.nn.Parameter(t.clone(), requires_grad=False)}
+        # a second copy made the way from_numpy made the first: torch 2.8 has no copy kernel for float4_e2m1fn_x2
+        return {"t": t, "p": self.torch.nn.Parameter(self.from_numpy(a), requires_grad=False)}
 
     def bits(self, x):
         x = x.detach().contiguous().reshape(-1)
