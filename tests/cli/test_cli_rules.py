@@ -25,6 +25,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 import tensorlist as tl
+from _compat import needs_torch
 from _record_support import full_record
 from tensorlist.cli import build_parser, main
 from tensorlist.convert import convert, open_source
@@ -119,6 +120,13 @@ WRITING = [
             lambda w, o: [f"{o}/curves.png"]),
     Writing("demo", lambda w, o: ["demo", "--dir", f"{o}/demo"], lambda w, o: [f"{o}/demo"], directory=True),
 ]
+
+
+def _writing(cases) -> list:
+    """``cases`` for ``parametrize``, by id; the one writing a torch file marked :data:`needs_torch`."""
+    return [pytest.param(c, id=c.id, marks=needs_torch if c.id == "convert pt" else ()) for c in cases]
+
+
 #: The commands that write nothing (and so take no --force).
 READ_ONLY = {"inspect", "validate", "diff", "lineage", "verify"}
 
@@ -156,7 +164,7 @@ def no_training_demo(monkeypatch):
 
 @pytest.mark.usefixtures("no_training_demo")
 class TestNoOverwrite:
-    @pytest.mark.parametrize("case", WRITING, ids=[c.id for c in WRITING])
+    @pytest.mark.parametrize("case", _writing(WRITING))
     def test_a_destination_in_the_way_is_refused_by_name_and_nothing_is_written(self, case, ws, capsys):
         out = str(ws.root / "out")
         blocker = case.outputs(ws, out)[case.blocker]
@@ -168,7 +176,7 @@ class TestNoOverwrite:
         assert stderr == f"tensorlist {case.command}: error: {blocker}: {reason}; pass --force to replace it\n"
         assert _tree(ws.root) == before  # the destination byte-identical, no other output, no temporary
 
-    @pytest.mark.parametrize("case", WRITING, ids=[c.id for c in WRITING])
+    @pytest.mark.parametrize("case", _writing(WRITING))
     def test_force_replaces_it(self, case, ws, capsys):
         out = str(ws.root / "out")
         outputs = case.outputs(ws, out)
@@ -191,7 +199,7 @@ class TestNoOverwrite:
         assert forcing == {c.command for c in WRITING}
         assert set(sub.choices) - forcing == READ_ONLY
 
-    @pytest.mark.parametrize("case", [c for c in WRITING if c.directory], ids=lambda c: c.id)
+    @pytest.mark.parametrize("case", _writing(c for c in WRITING if c.directory))
     def test_an_empty_directory_is_not_in_the_way(self, case, ws, capsys):
         out = str(ws.root / "out")
         os.makedirs(case.outputs(ws, out)[0])
@@ -240,7 +248,7 @@ class TestNoOverwrite:
 
 @pytest.mark.usefixtures("no_training_demo")
 class TestDestinationDirectories:
-    @pytest.mark.parametrize("case", [c for c in WRITING if c.id != "sign beside the model"], ids=lambda c: c.id)
+    @pytest.mark.parametrize("case", _writing(c for c in WRITING if c.id != "sign beside the model"))
     def test_missing_directories_are_made(self, case, ws, capsys):
         out = str(ws.root / "out" / "new" / "deeper")
         rc, _, stderr = cli(capsys, *case.argv(ws, out))
@@ -290,6 +298,8 @@ FOREIGN = {"safetensors": "a safetensors file", "npz": "a NumPy .npz archive", "
            "dcp": "a checkpoint directory (tensorlist's DCP layout)",
            "torch-dcp": "a checkpoint directory (DCP's FileSystemWriter layout)"}
 DIRECTORIES = {"dcp", "torch-dcp"}
+#: The kinds whose files only torch writes.
+TORCH_FILES = {"pt", "pt legacy"}
 #: The commands that expect a tensorlist file, and what they are given besides it.
 EXPECTING = {"validate": [], "record": [], "lineage": [], "export": ["--cyclonedx", "{out}/bom.json"],
              "sign": ["--key", "{key}", "--signature", "{out}/x.sig"]}
@@ -302,7 +312,16 @@ def _foreign_cases():
                 continue  # both read checkpoint directories as such (validate_checkpoint, a signed directory)
             if kind == "hf" and command in ("record", "sign"):
                 continue  # a JSON document, read as one: record says it has no record, sign to sign its directory
-            yield pytest.param(kind, command, id=f"{command} {kind}")
+            yield pytest.param(kind, command, id=f"{command} {kind}", marks=_torch_mark(kind))
+
+
+def _kinds(kinds) -> list:
+    """``kinds`` for ``parametrize``, those whose files only torch writes marked :data:`needs_torch`."""
+    return [pytest.param(k, id=k, marks=_torch_mark(k)) for k in kinds]
+
+
+def _torch_mark(kind: str):
+    return needs_torch if kind in TORCH_FILES else ()
 
 
 class TestForeignFiles:
@@ -322,7 +341,7 @@ class TestForeignFiles:
             assert f"`tensorlist convert {path} " in err and f"`tensorlist inspect {path}` lists" in err
         assert not (ws.root / "out").exists()
 
-    @pytest.mark.parametrize("kind", list(FOREIGN))
+    @pytest.mark.parametrize("kind", _kinds(FOREIGN))
     def test_the_python_readers_say_the_same(self, ws, kind):
         path = _write_foreign(kind, ws.root / "in")
         readers = [tl.load, tl.open] + ([] if kind in DIRECTORIES else [tl.validate])
@@ -331,7 +350,7 @@ class TestForeignFiles:
                 read(path)
             assert e.value.file == path
 
-    @pytest.mark.parametrize("kind", [k for k in FOREIGN if k not in DIRECTORIES])
+    @pytest.mark.parametrize("kind", _kinds(k for k in FOREIGN if k not in DIRECTORIES))
     def test_the_suggested_conversion_works(self, ws, capsys, kind):
         """The command the message names reads the file (GGUF aside: no command does)."""
         path = _write_foreign(kind, ws.root / "in")
