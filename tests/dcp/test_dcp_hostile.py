@@ -1,6 +1,6 @@
 """Hostile checkpoint directories, one class each, built as an attacker would.
 
-Every checkpoint here is built with numpy alone (``test_dcp_cli.make_checkpoint``) and then broken: a
+Every checkpoint here is built with numpy alone (``_dcp_support.make_checkpoint``) and then broken: a
 shard, the metadata or a stock ``.distcp`` file symlinked out of the directory; malformed tagged JSON in a
 value or in ``plannerData``; chunk layouts that made the tiling check quadratic; more dimensions than a
 tensor may have; sizes whose element count has thousands of digits; a metadata that promises more bytes
@@ -21,7 +21,7 @@ from tensorlist.dcp.metadata import parse_metadata
 from tensorlist.dcp.tiling import check_tiling
 from tensorlist.errors import FormatError
 
-from test_dcp_cli import SAVE_ID, make_checkpoint
+from _dcp_support import SAVE_ID, make_checkpoint
 
 SHARD0 = f"0.{SAVE_ID}.tl"
 
