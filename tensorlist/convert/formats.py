@@ -29,7 +29,8 @@ __all__ = ["FORMATS", "MAX_SAFETENSORS_HEADER", "DEFAULT_SHARD_BYTES", "NPZ_SIDE
            "MetadataDroppedWarning", "DCP_FORMATS", "TORCH_DCP_METADATA", "is_directory", "foreign_error",
            "TORCH_LEGACY_MAGIC", "GGUF_MAGIC"]
 
-FORMATS = ("tensorlist", "lamp", "safetensors", "hf", "npz", "npy", "pt", "dcp", "torch-dcp")
+FORMATS = ("tensorlist", "lamp", "safetensors", "hf", "npz", "npy", "pt", "dcp", "torch-dcp", "hf-model",
+           "tensorlist-model")
 #: Checkpoint directories: ``dcp``, tensorlist's layout of torch.distributed.checkpoint (read and written);
 #: ``torch-dcp``, the layout of DCP's own FileSystemWriter (read only: its metadata is a pickle).
 DCP_FORMATS = ("dcp", "torch-dcp")
@@ -191,11 +192,17 @@ def is_directory(path) -> bool:
 
 
 def _checkpoint_format(path: str) -> str:
+    """A directory's format: a checkpoint by its metadata, else a model directory (``modeldir``), else ``dcp``."""
     from tensorlist.dcp import METADATA_NAME, holds  # here: a file's name never needs the checkpoint reader
 
     try:
-        if not holds(path, METADATA_NAME) and holds(path, TORCH_DCP_METADATA):
-            return "torch-dcp"
+        if not holds(path, METADATA_NAME):
+            if holds(path, TORCH_DCP_METADATA):
+                return "torch-dcp"
+            if not is_remote(path):
+                from tensorlist.convert.modeldir import model_format
+
+                return model_format(localize(path)) or "dcp"
     except Exception:  # a URL that cannot be asked: the dcp reader says why, naming the metadata it needs
         pass
     return "dcp"

@@ -33,7 +33,8 @@ from tensorlist.writer import Writer
 from tensorlist.convert.dcp import DcpSource, write_dcp
 from tensorlist.convert.formats import DCP_FORMATS, DEFAULT_SHARD_BYTES, MAX_SAFETENSORS_HEADER, NPZ_SIDECAR, RAW_DTYPES, ST_NAMES, \
     ST_RANK, UINT, Entry, MetadataDroppedWarning, Source, check_format, check_limits, infer_format, st_shape
-from tensorlist.convert.sources import open_source
+from tensorlist.convert.modeldir import MODEL_FORMATS, convert_model_dir
+from tensorlist.convert.sources import SafetensorsFile, open_source
 
 __all__ = ["convert", "Progress"]
 
@@ -361,7 +362,9 @@ def convert(src, dst, *, src_format: Optional[str] = None, dst_format: Optional[
 
     Args:
         src, dst: paths (or, for tensorlist/lamp files and checkpoints of both layouts, fsspec URLs); checkpoint
-            directories for ``dcp`` (source and destination) and ``torch-dcp`` (source only).
+            directories for ``dcp`` (source and destination) and ``torch-dcp`` (source only); model
+            directories for ``hf-model`` and ``tensorlist-model``, each converted into the other
+            (``modeldir.convert_model_dir``).
         src_format, dst_format: one of ``FORMATS``; inferred from the names when None (a directory,
             a name ending with ``/``, or the name without an extension of a checkpoint's copy: ``dcp``).
         progress: show a tqdm progress bar on stderr (None: when stderr is a terminal).
@@ -398,7 +401,17 @@ def convert(src, dst, *, src_format: Optional[str] = None, dst_format: Optional[
         OSError: a file cannot be read or written.
     """
     src, dst = localize(os.fspath(src)), localize(os.fspath(dst))
+    if not is_remote(src) and (src_format or infer_format(src, for_reading=True)) in MODEL_FORMATS:
+        if writer_options or shard_bytes is not None or pointer is not None:
+            raise TypeError("a model directory's conversion keeps its source's shards and files: it takes no "
+                            "shard_bytes, pointer or writer options")
+        return convert_model_dir(src, dst, convert=convert, parser=SafetensorsFile, src_format=src_format,
+                                 dst_format=dst_format, overwrite=overwrite,
+                                 durable=durable, progress=progress, allow_outside=allow_outside,
+                                 max_tensors=max_tensors, max_total_bytes=max_total_bytes)
     dst_format = check_format(dst_format or _destination_format(dst, src, src_format))
+    if dst_format in MODEL_FORMATS:
+        raise ValueError(f"{dst_format} is written from a model directory only (the source is {src})")
     if dst_format == "torch-dcp":
         raise ValueError("torch-dcp (DCP's FileSystemWriter layout, a pickle) is read, never written: convert to "
                          "dcp, tensorlist's layout of the same checkpoint")

@@ -73,6 +73,9 @@ def open_source(path, fmt: Optional[str] = None, *, allow_outside: bool = False,
         src = _open_tensorlist(path, fmt, allow_outside, pointer, limits)
     elif pointer is not None:
         raise ValueError(f"{path}: a JSON pointer selects a list in a tensorlist document, not in a {fmt} file")
+    elif fmt in ("hf-model", "tensorlist-model"):
+        raise ValueError(f"{path}: a model directory ({fmt}) is converted whole (`tensorlist convert DIR OUT_DIR`); "
+                         "open its weight files one by one")
     elif fmt == "dcp":
         src = open_dcp(path, limits)
     elif fmt == "torch-dcp":
