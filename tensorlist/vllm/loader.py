@@ -1,0 +1,181 @@
+"""The ``tensorlist`` model loader of vLLM: a model's weights read zero-copy from its tensorlist shards.
+
+A tensorlist model directory is a Hugging Face model directory whose weights are tensorlist files
+(``model.json``, or ``model-0000i-of-0000N.json`` listed by ``model.index.json``; ``tensorlist convert``
+makes one). :class:`TensorListModelLoader` maps each shard copy-on-write and hands the model's own
+``load_weights`` torch tensors over the mapping, named as in safetensors: no byte is read before a
+weight loader copies it into its parameter, so under tensor parallelism a rank reads the pages of its
+slices (the rows of a column-parallel weight; a row-parallel weight's pages hold every rank's
+columns). Then, as vLLM's default loader does, it logs ``Loading weights took`` and checks that every
+parameter was loaded. A tensor of the wrong dims, a tensor the model lacks and a tensor the model
+needs that no shard holds each fail the load with a :class:`~tensorlist.errors.FormatError` naming
+the tensor and the file.
+
+``model_loader_extra_config``: ``verify`` (check the directory's signature before any weight is read,
+see ``tensorlist.provenance.signing``; refused when there is none), with ``public_key`` (a PEM path) or
+``certificate_chain`` (PEM paths), and ``signature`` (default ``DIR/model.sig``, where ``tensorlist
+sign DIR`` writes it). Registered by :func:`tensorlist.vllm.register`; imports vLLM and torch.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Dict, Iterator, List, Optional, Set, Tuple
+
+import torch
+from vllm.logger import init_logger
+from vllm.model_executor.model_loader import register_model_loader
+from vllm.model_executor.model_loader.base_loader import BaseModelLoader
+
+from tensorlist._base.files import confine
+from tensorlist._bridges.torch import from_numpy
+from tensorlist.errors import FormatError, SignatureError, TensorListError
+from tensorlist.format import read_json_file
+from tensorlist.reader import Reader
+
+__all__ = ["TensorListModelLoader", "register_loader", "weight_files", "LOAD_FORMAT"]
+
+LOAD_FORMAT = "tensorlist"
+#: the keys ``model_loader_extra_config`` may hold
+EXTRA_KEYS = frozenset(("verify", "public_key", "certificate_chain", "signature"))
+INDEX, SINGLE = "model.index.json", "model.json"
+
+# under vLLM's logger ("vllm"), so that its handler, format and level apply
+logger = init_logger("vllm.tensorlist")
+
+
+def weight_files(folder) -> List[str]:
+    """The descriptors of a tensorlist model directory, in the index's order, each confined to ``folder``.
+
+    Raises:
+        FormatError: neither ``model.index.json`` nor ``model.json``, a malformed index, or a
+            shard that resolves outside ``folder``.
+    """
+    folder = os.fspath(folder)
+    index = os.path.join(folder, INDEX)
+    if os.path.isfile(index):
+        doc = read_json_file(index)
+        weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise FormatError("'weight_map' is not an object of tensor name -> descriptor file", file=index,
+                              field="weight_map")
+        names = list(dict.fromkeys(weight_map.values()))
+        return [confine(folder, n, what="weight file", where="model directory") for n in names]
+    if os.path.isfile(os.path.join(folder, SINGLE)):
+        return [confine(folder, SINGLE, what="weight file", where="model directory")]
+    raise FormatError(f"neither {INDEX} nor {SINGLE}: not a tensorlist model directory "
+                      "(`tensorlist convert HF_DIR OUT_DIR` makes one)", file=folder)
+
+
+class _Weights:
+    """The ``(name, tensor)`` pairs of every shard, remembering where the last one came from.
+
+    The tensors share each shard's copy-on-write mapping: nothing is read until a weight loader
+    touches them, and a weight loader that writes into one never reaches the file.
+    """
+
+    def __init__(self, files: List[str]):
+        self.files = files
+        self.current: Optional[Tuple[str, int, str, torch.Tensor]] = None  # (file, index, name, tensor) last given
+        self.names: Set[str] = set()
+
+    def __iter__(self) -> Iterator[Tuple[str, torch.Tensor]]:
+        for path in self.files:
+            with Reader(path, mmap="copy", bits=True) as r:
+                for i, name in enumerate(r.keys()):
+                    t = from_numpy(r[i])
+                    self.current = (path, i, name, t)
+                    self.names.add(name)
+                    yield name, t
+        self.current = None
+
+
+class TensorListModelLoader(BaseModelLoader):
+    """Loads a tensorlist model directory (see the module's docstring)."""
+
+    def __init__(self, load_config):
+        super().__init__(load_config)
+        extra = load_config.model_loader_extra_config or {}
+        unknown = set(extra) - EXTRA_KEYS
+        if unknown:
+            raise ValueError(f"Unexpected extra config keys for load format {LOAD_FORMAT}: {sorted(unknown)} "
+                             f"(it takes {sorted(EXTRA_KEYS)})")
+        self.verify = bool(extra.get("verify", False))
+        self.public_key = extra.get("public_key")
+        self.certificate_chain = list(extra.get("certificate_chain") or ())
+        self.signature = extra.get("signature")
+        if self.verify and (self.public_key is None) == (not self.certificate_chain):
+            raise ValueError(f"load format {LOAD_FORMAT}: verify needs public_key or certificate_chain "
+                             "(exactly one) in model_loader_extra_config")
+
+    def download_model(self, model_config) -> None:
+        """Nothing to download: checks that the model is a local tensorlist model directory."""
+        weight_files(model_config.model)
+
+    def load_weights(self, model: torch.nn.Module, model_config) -> None:
+        folder = model_config.model
+        if self.verify:
+            self._check_signature(folder)
+        weights = _Weights(weight_files(folder))
+        start = time.perf_counter()
+        try:
+            loaded = model.load_weights(iter(weights))
+        except TensorListError:
+            raise
+        except Exception as e:
+            if weights.current is None:
+                raise
+            path, i, name, t = weights.current
+            raise FormatError(f"{str(t.dtype)[6:]} {list(t.shape)} does not fit the model ({type(model).__name__}): "
+                              f"{type(e).__name__}: {e}", file=path, tensor_index=i, tensor_name=name) from e
+        logger.info("Loading weights took %.2f seconds", time.perf_counter() - start)
+        if loaded is not None and model_config.quantization is None:
+            _check_complete(model, loaded, weights.names, _listing(folder))
+
+    def _check_signature(self, folder) -> None:
+        from tensorlist.provenance.signing import default_signature, verify
+
+        signature = os.fspath(self.signature) if self.signature is not None else default_signature(folder)
+        if not os.path.isfile(signature):
+            raise SignatureError(f"{signature}: no signature: verify=True refuses to serve {folder} unsigned "
+                                 "(`tensorlist sign DIR --key KEY` writes one)")
+        files = verify(folder, public_key=self.public_key, certificate_chain=self.certificate_chain,
+                       signature=signature)
+        logger.info("Verified %d files of %s against %s", len(files), folder, signature)
+
+
+def _listing(folder) -> str:
+    """The file that lists a directory's tensors: its index, else its one descriptor."""
+    index = os.path.join(os.fspath(folder), INDEX)
+    return index if os.path.isfile(index) else os.path.join(os.fspath(folder), SINGLE)
+
+
+def _check_complete(model: torch.nn.Module, loaded: Set[str], given: Set[str], listing: str) -> None:
+    """Every parameter loaded, and every part of a packed one (``qkv_proj``: q, k and v) given.
+
+    Raises:
+        FormatError: naming the first tensor the model needs that no shard holds, and ``listing``.
+    """
+    missing = sorted({n for n, _ in model.named_parameters()} - set(loaded))
+    packed: Dict[str, List[str]] = getattr(model, "packed_modules_mapping", None) or {}
+    for name in sorted(loaded):
+        module, _, leaf = name.rpartition(".")
+        parent, _, last = module.rpartition(".")
+        parts = [f"{parent}.{p}.{leaf}" if parent else f"{p}.{leaf}" for p in packed.get(last, ()) if p != last]
+        if any(p in given for p in parts):  # stored as its parts: each must be there
+            missing += [p for p in parts if p not in given]
+    if missing:
+        more = f" ({len(missing) - 1} more missing)" if len(missing) > 1 else ""
+        raise FormatError(f"tensor {missing[0]!r} is missing: the model ({type(model).__name__}) needs it and no "
+                          f"weight file holds it{more}", file=listing, tensor_name=missing[0])
+
+
+_registered = False
+
+
+def register_loader() -> None:
+    """Registers :class:`TensorListModelLoader` as vLLM's load format ``"tensorlist"`` (once per process)."""
+    global _registered
+    if not _registered:
+        register_model_loader(LOAD_FORMAT)(TensorListModelLoader)
+        _registered = True
