@@ -148,6 +148,9 @@ def _weights(directory: str, fmt: str, allow_outside: bool = False, parser=None)
         raise FormatError(f"holds both {single} and {index_name}: which are the weights is ambiguous (remove one)",
                           file=directory)
     if not (has_single or has_index):
+        pickled = sorted(n for n in os.listdir(directory) if _PICKLED.search(n))
+        if pickled:  # the weights are there, as pickles: say so, and how to convert them
+            raise FormatError(_HOW_PICKLED, file=os.path.join(directory, pickled[0]))
         raise FormatError(f"holds no weights: neither {single} nor {index_name}", file=directory)
     if has_single:
         path = _inside(directory, single, allow_outside, file=os.path.join(directory, single), field=None)
@@ -221,12 +224,13 @@ def _renamed(name: str, fmt: str) -> str:
     return other_single if name == single else name[: -len(suffix)] + other_suffix
 
 
-def _walk(directory: str, allow_outside: bool) -> Tuple[List[str], List[Tuple[str, str]]]:
-    """(the sub-directories, the (relative name, path) of every file) under ``directory``, each checked.
+def _walk(directory: str, allow_outside: bool, weights: set) -> Tuple[List[str], List[Tuple[str, str]]]:
+    """(the sub-directories, the (relative name, path) of every other file) under ``directory``, each checked.
 
     Symlinks are followed where they stay inside (``format.confine``); a
     directory reached twice (a loop) is refused, so is anything but a regular
-    file or a directory, and pickled weights.
+    file or a directory, and pickled weights. The ``weights`` (relative names)
+    were checked by :func:`_weights` and are passed over.
     """
     dirs: List[str] = []
     files: List[Tuple[str, str]] = []
@@ -238,6 +242,8 @@ def _walk(directory: str, allow_outside: bool) -> Tuple[List[str], List[Tuple[st
             entries = sorted(it, key=lambda e: e.name)
         for e in entries:
             name = os.path.join(rel, e.name) if rel else e.name
+            if name in weights:
+                continue
             path = _inside(directory, name, allow_outside, file=e.path, field=None)
             if _PICKLED.search(e.name):
                 raise FormatError(_HOW_PICKLED, file=path)
@@ -270,8 +276,8 @@ class _Plan(NamedTuple):
 
 def _plan(src: str, fmt: str, allow_outside: bool, parser) -> _Plan:
     """What converting the model directory ``src`` of kind ``fmt`` writes; refusals all come here, first."""
-    dirs, files = _walk(src, allow_outside)
     w = _weights(src, fmt, allow_outside, parser)
+    dirs, files = _walk(src, allow_outside, set(w.used))
     weights = [(os.path.join(src, f), _renamed(f, fmt)) for f in w.files]
     index = None
     if w.index is not None:
@@ -279,11 +285,8 @@ def _plan(src: str, fmt: str, allow_outside: bool, parser) -> _Plan:
         doc["weight_map"] = {t: _renamed(os.path.normpath(s), fmt) for t, s in w.index["weight_map"].items()}
         index = (_KINDS[_OTHER[fmt]][1], doc)
     written = {out for _, out in weights} | ({index[0]} if index else set())
-    used = set(w.used)
     copies = []
     for rel, path in files:
-        if rel in used:
-            continue
         if rel.endswith(".safetensors"):
             raise FormatError("a safetensors file that is not among the model's weights: convert it on its own "
                               "(`tensorlist convert`) or remove it", file=path)
@@ -404,6 +407,11 @@ def convert_model_dir(src, dst, *, convert, parser, src_format: Optional[str] = 
         try:
             _write(plan, fmt, tmp, convert, options)
             _place(tmp, dst, plan, durable)
+        except (ValueError, TypeError) as e:  # what the destination cannot hold: named where it was to go
+            shutil.rmtree(tmp, ignore_errors=True)
+            if type(e) not in (ValueError, TypeError) or tmp not in str(e):
+                raise
+            raise type(e)(str(e).replace(tmp, os.path.abspath(dst).rstrip(os.sep))) from e
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
