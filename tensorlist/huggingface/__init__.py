@@ -58,6 +58,7 @@ from tensorlist.huggingface.states import (  # noqa: F401 - re-exported: the fil
                          TRAINING_ARGS_FILE, export_pretrained, load_rng, plain, read_state_file, refuse_pickles,
                          save_rng, save_state_file, last_checkpoint)
 from tensorlist.huggingface.record import trainer_record  # noqa: F401 - re-exported
+from tensorlist.huggingface.pretrained import from_pretrained  # noqa: F401 - re-exported
 from tensorlist._base.jsonio import dumps
 from tensorlist._base.states import check_sampler_state
 from tensorlist.errors import FormatError
@@ -68,7 +69,7 @@ from tensorlist.torch import load_module_state, load_optimizer_state, save_optim
 
 __all__ = [
     "STATE_FORMAT", "save_state", "load_state", "save_state_file", "read_state_file", "refuse_pickles",
-    "export_pretrained", "TensorListTrainer", "trainer_record", "last_checkpoint",
+    "export_pretrained", "from_pretrained", "TensorListTrainer", "trainer_record", "last_checkpoint",
 ]
 
 #: The manifest :func:`save_state` commits last: each descriptor's SHA-256, so a save killed midway

@@ -69,9 +69,12 @@ def ws(tmp_path):
     tl.save(d / "three.tl", THREE)
     tl.save(d / "one.tl", {"w": np.ones(4, np.float32)})
     convert(d / "three.tl", d / "ckpt", dst_format="dcp", progress=False)
+    convert(d / "three.tl", d / "hf-model" / "model.safetensors", progress=False)  # a model directory of each kind
+    (d / "hf-model" / "config.json").write_text("{}")
+    convert(d / "hf-model", d / "tl-model", progress=False)
     return types.SimpleNamespace(root=tmp_path, model=model, three=str(d / "three.tl"), one=str(d / "one.tl"),
                                  ckpt=str(d / "ckpt"), key=_private_key(d / "key.pem"),
-                                 pub=str(d / "key.pub"))
+                                 pub=str(d / "key.pub"), hf_model=str(d / "hf-model"), tl_model=str(d / "tl-model"))
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,10 @@ WRITING = [
             directory=True),
     Writing("convert dcp to dcp", lambda w, o: ["convert", w.ckpt, f"{o}/ckpt2"], lambda w, o: [f"{o}/ckpt2"],
             directory=True),
+    Writing("convert hf-model", lambda w, o: ["convert", w.hf_model, f"{o}/tl-model"],
+            lambda w, o: [f"{o}/tl-model"], directory=True),
+    Writing("convert tensorlist-model", lambda w, o: ["convert", w.tl_model, f"{o}/hf-model"],
+            lambda w, o: [f"{o}/hf-model"], directory=True),
     Writing("export", lambda w, o: ["export", w.model, "--cyclonedx", f"{o}/bom.json", "--model-card",
                                     f"{o}/README.md"], lambda w, o: [f"{o}/bom.json", f"{o}/README.md"]),
     Writing("sign", lambda w, o: ["sign", w.model, "--key", w.key, "--signature", f"{o}/m.sig", "--provenance",
