@@ -15,6 +15,10 @@ pt            ``*.pt``, ``*.pth``, ``*.bin``, ``*.ckpt``   read with ``weights_o
 dcp           a directory holding ``.metadata.json``       tensorlist's DCP layout; chunks kept dcp to dcp;
                                                            a URL prefix with or without its final ``/``
 torch-dcp     a directory holding ``.metadata`` only       DCP's FileSystemWriter layout; read only, no pickle run
+hf-model      a directory holding ``model.safetensors``,    a Hugging Face model directory; converts to
+              its index or ``config.json``                  tensorlist-model only
+tensorlist-model  a directory holding ``model.json`` or     the same with tensorlist weights (``modeldir``);
+              ``model.index.json``                          converts to hf-model only
 ============  ===========================================  ============================
 
 Every conversion streams tensor by tensor: sources are memory-mapped (or,
@@ -56,6 +60,7 @@ The package, one concept a module:
 - ``distcp``: DCP's own layout read without running its pickle (a restricted unpickler), its records
   through ``torch.load(weights_only=True)``;
 - ``sinks``: the writer of each format, and ``convert``;
+- ``modeldir``: model directories (Hugging Face's, tensorlist's): the layout and both conversions;
 - ``compare``: ``diff``.
 """
 from __future__ import annotations

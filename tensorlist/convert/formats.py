@@ -6,7 +6,7 @@ source's shapes obey tensorlist's own rules (:func:`check_shape`) and every
 conversion the readers' limits (:func:`check_limits`: ``max_tensors``, and a
 cap on what a source may expand to). Imports ``_base.backends``, ``_base.dtypes``,
 ``format``, ``errors`` and, when a directory's layout is asked, ``dcp`` (the name of a
-checkpoint's metadata, ``holds``) only; fsspec to ask whether a URL is a checkpoint directory,
+checkpoint's metadata, ``holds``) and ``modeldir`` only; fsspec to ask whether a URL is a checkpoint directory,
 zipfile to sniff a zip (``.pt`` or ``.npz`` under another name).
 """
 from __future__ import annotations
