@@ -129,11 +129,16 @@ def _st_order(entries: Sequence[Entry]) -> List[Entry]:
     return sorted(entries, key=lambda e: (-ST_RANK[ST_NAMES[e.dtype.name]], e.name.encode("utf-8", "surrogatepass")))
 
 
-def _st_header(entries: Sequence[Entry], metadata: Optional[Dict[str, str]]) -> bytes:
-    """The 8-byte length and the header of ``entries`` (already in :func:`_st_order`), padded to 8 with spaces."""
-    header: Dict[str, Any] = {}
-    if metadata:
-        header["__metadata__"] = metadata
+def _st_header(entries: Sequence[Entry], metadata: Optional[Dict[str, str]],
+               order: Optional[Sequence[Entry]] = None) -> bytes:
+    """The 8-byte length and the header of ``entries`` (laid out in :func:`_st_order`), padded to 8 with spaces.
+
+    The header lists the tensors in ``order`` (the source's; by default the
+    layout's), which the reader gives back: a list converted to safetensors and
+    back keeps its order, and with it its ``weights_sha256``. A source already
+    in layout order (what the safetensors library writes) gives its bytes.
+    """
+    rows: Dict[str, Any] = {}
     off = 0
     for e in entries:
         st = ST_NAMES[e.dtype.name]
@@ -141,9 +146,11 @@ def _st_header(entries: Sequence[Entry], metadata: Optional[Dict[str, str]]) -> 
             shape = st_shape(st, e.shape)
         except ValueError as why:
             raise ValueError(f"tensor {e.name!r}: {why}") from None
-        header[e.name] = {"dtype": st, "shape": shape,
-                          "data_offsets": [off, off + e.nbytes]}
+        rows[e.name] = {"dtype": st, "shape": shape,
+                        "data_offsets": [off, off + e.nbytes]}
         off += e.nbytes
+    header: Dict[str, Any] = {"__metadata__": metadata} if metadata else {}
+    header.update((e.name, rows[e.name]) for e in (entries if order is None else order))
     try:
         text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError as e:
@@ -156,13 +163,17 @@ def _st_header(entries: Sequence[Entry], metadata: Optional[Dict[str, str]]) -> 
     return struct.pack("<Q", len(text)) + text
 
 
-def _write_st_file(path: str, entries: Sequence[Entry], metadata, bar: Progress) -> None:
-    """Writes a safetensors file at ``path`` (a temporary name: the caller fsyncs and renames it)."""
-    entries = _st_order(entries)
-    header = _st_header(entries, metadata)
+def _write_st_file(path: str, entries: Sequence[Entry], metadata, bar: Progress, keep_order: bool = True) -> None:
+    """Writes a safetensors file at ``path`` (a temporary name: the caller fsyncs and renames it).
+
+    ``keep_order``: the header lists ``entries`` in their order; otherwise in the
+    layout's, as for a Hugging Face shard, whose index keeps the order.
+    """
+    layout = _st_order(entries)
+    header = _st_header(layout, metadata, order=entries if keep_order else None)
     with open(path, "wb") as f:
         f.write(header)
-        for e in entries:
+        for e in layout:
             f.write(_bytes_of(e.array()))
             bar.update(e.nbytes)
 
@@ -232,7 +243,7 @@ def _write_hf(src: Source, dst: str, bar: Progress, durable: bool, options: dict
     try:
         for final, entries in zip(finals, shards):
             tmps.append(tmp_beside(final))
-            _write_st_file(tmps[-1], entries, {"format": "pt"}, bar)
+            _write_st_file(tmps[-1], entries, {"format": "pt"}, bar, keep_order=False)
         meta = _hf_metadata_out(src.metadata, src.nbytes)
         index = {"metadata": meta,
                  "weight_map": {e.name: name for name, entries in zip(names, shards) for e in entries}}

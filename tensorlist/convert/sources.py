@@ -227,6 +227,7 @@ class SafetensorsFile:
                                   f"{data_len} data bytes; safetensors refuses trailing data)", file=path)
             raise FormatError(f"the tensors need {end} data bytes, the file holds {data_len} (truncated?)",
                               file=path)
+        rows.sort(key=lambda r: r[2])  # back in the header's order: the order the list was written in
         return [(b, e, name, row, shape) for b, e, _, name, row, shape, _ in rows]
 
     def array(self, begin: int, end: int, row: _dtypes.DType, shape) -> np.ndarray:

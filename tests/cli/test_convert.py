@@ -111,6 +111,25 @@ def test_reads_what_the_safetensors_library_writes(tmp_path):
     _assert_same_bits(_load(tmp_path / "m.tl"), {k: to_numpy(v) for k, v in state.items()})
 
 
+@pytest.mark.parametrize("dst", ["m.safetensors", "hf/m.safetensors.index.json"])
+def test_a_list_keeps_its_order_and_weights_hash_through_safetensors(tmp_path, dst):
+    """safetensors lays tensors out by dtype, widest first; the header keeps the list's order, and reads it back."""
+    from safetensors.numpy import load_file
+
+    from tensorlist.provenance.record import weights_sha256
+
+    want = {"z": np.arange(3, dtype=np.int8), "a": np.ones((2, 2), np.float16), "m": np.ones(2, np.float64),
+            "b": np.arange(5, dtype=np.float32)}
+    tl.save(tmp_path / "m.tl", want)
+    convert(tmp_path / "m.tl", tmp_path / dst, shard_bytes=40, progress=False)
+    convert(tmp_path / dst, tmp_path / "back.tl", progress=False)
+    assert list(tl.open(tmp_path / "back.tl").keys()) == list(want)
+    assert weights_sha256(str(tmp_path / "back.tl")) == weights_sha256(want)
+    if dst == "m.safetensors":
+        got = load_file(str(tmp_path / dst))  # the library reads it: offsets in layout order, widest first
+        _assert_same_bits(got, want)
+
+
 @needs_torch
 def test_the_safetensors_library_reads_what_convert_writes(tmp_path):
     from safetensors.torch import load_file

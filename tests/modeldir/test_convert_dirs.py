@@ -22,7 +22,7 @@ from tensorlist.cli import main
 from tensorlist.convert import convert
 from tensorlist.convert.modeldir import ST_INDEX, ST_WEIGHTS, TL_INDEX, TL_WEIGHTS
 from tensorlist.errors import DestinationExistsError, FormatError
-from tensorlist.provenance.record import read_training_record, save_model_file
+from tensorlist.provenance.record import read_training_record, save_model_file, verify_model_file
 
 SHARDS = {"model-00001-of-00002.safetensors": {"embed.weight": np.arange(12, dtype=np.float32).reshape(3, 4),
                                                "norm.weight": np.ones(4, np.float16)},
@@ -108,6 +108,9 @@ def test_the_training_record_survives_a_round_trip(tmp_path, capsys):
     assert load_file(str(tmp_path / "hf" / ST_WEIGHTS))["b"].dtype == np.int8
     convert(tmp_path / "hf", tmp_path / "back", progress=False)
     assert read_training_record(tmp_path / "back" / TL_WEIGHTS) == read_training_record(d / TL_WEIGHTS)
+    # the record's weights hash is over the list in its order: safetensors' layout order (b before w) is not kept
+    assert verify_model_file(str(tmp_path / "back" / TL_WEIGHTS)) == read_training_record(d / TL_WEIGHTS)
+    assert list(tl.open(tmp_path / "back" / TL_WEIGHTS).keys()) == ["w", "b"]
     outputs = []
     for path in (d / TL_WEIGHTS, tmp_path / "back" / TL_WEIGHTS):
         assert main(["record", str(path), "--json"]) == 0
