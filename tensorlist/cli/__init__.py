@@ -33,10 +33,10 @@ EXAMPLES = {
     "demo": "examples:\n  tensorlist demo\n  tensorlist demo --dir ./demo-out\n  tensorlist demo --dir ./demo-out --force",
     "inspect": ("examples:\n  tensorlist inspect model.tl\n  tensorlist inspect ckpt.json --pointer /model --json\n"
                 "  tensorlist inspect model.safetensors\n  tensorlist inspect s3://bucket/run/final.tl\n"
-                "  tensorlist inspect ckpt/            (a DCP checkpoint directory, either layout)\n"
+                "  tensorlist inspect ckpt/            (a DCP checkpoint directory, either layout, or a model directory)\n"
                 "  tensorlist inspect s3://bucket/run/ckpt --json    (a URL prefix: a final / is optional)"),
     "validate": ("examples:\n  tensorlist validate model.tl\n  tensorlist validate --verify a.tl b.tl ckpt.json\n"
-                 "  tensorlist validate --verify ckpt/   (a DCP checkpoint directory)"),
+                 "  tensorlist validate --verify ckpt/   (a DCP checkpoint directory, or a model directory)"),
     "convert": ("examples:\n  tensorlist convert model.safetensors model.tl\n"
                 "  tensorlist convert model.tl model.safetensors.index.json --shard-size 2GB\n"
                 "  tensorlist convert pytorch_model.bin s3://bucket/runs/model.tl\n"
@@ -100,17 +100,22 @@ def _inspect_one(path: str, pointer: Optional[str], as_json: bool, out) -> None:
         summary = _record_summary(d.metadata)
         tree_lines, shown = _tree_display(d.metadata, {t.key: f"{t.dtype.name} {tuple(t.shape)}" for t in d.tensors},
                                           r.path)
-        if shown is not None:
-            if summary is not None and isinstance(shown, dict):
-                shown = {k: ("<training record: see below>" if k == "training" else v) for k, v in shown.items()}
-            text = json.dumps(shown, indent=2)
-            out.write("  metadata: " + (text if len(text) < 2000 else text[:2000] + " ...") + "\n")
-        for line in tree_lines:
-            out.write(line + "\n")
-        if summary is not None:
-            out.write("  training record:\n")
-            for k, v in summary.items():
-                out.write(f"    {k}: {v}\n")
+        _write_metadata(out, shown, summary, tree_lines)
+
+
+def _write_metadata(out, shown, summary: Optional[dict], tree_lines=()) -> None:
+    """The metadata (a training record in it said by its summary, below it), then the tree, then the summary."""
+    if shown is not None:
+        if summary is not None and isinstance(shown, dict):
+            shown = {k: ("<training record: see below>" if k == "training" else v) for k, v in shown.items()}
+        text = json.dumps(shown, indent=2)
+        out.write("  metadata: " + (text if len(text) < 2000 else text[:2000] + " ...") + "\n")
+    for line in tree_lines:
+        out.write(line + "\n")
+    if summary is not None:
+        out.write("  training record:\n")
+        for k, v in summary.items():
+            out.write(f"    {k}: {v}\n")
 
 
 def _tree_display(metadata, info, path: str):
@@ -230,13 +235,50 @@ def _inspect_dcp(path: str, fmt: str, as_json: bool, out) -> None:
             out.write(line + "\n")
 
 
+def _inspect_model_dir(path: str, fmt: str, as_json: bool, out) -> None:
+    """inspect for model directories: each tensor with its weight file, the index's metadata (or the one file's),
+    a training record's summary."""
+    from tensorlist.convert import open_source
+    from tensorlist.convert.modeldir import TL_MODEL, model_weights
+    from tensorlist.convert.sources import SafetensorsFile
+
+    w = model_weights(path, fmt=fmt, parser=SafetensorsFile)  # the one layout reader: the index and shards agree
+    rows, metadata, summary = [], w.metadata, None
+    for f in w.files:
+        with open_source(f, "tensorlist" if fmt == TL_MODEL else "safetensors") as src:
+            rows += [{"name": e.name, "dtype": e.dtype.name, "shape": list(e.shape), "bytes": e.nbytes,
+                      "file": os.path.relpath(f, path)} for e in src.entries]
+            summary = summary or (_record_summary(src.metadata) if fmt == TL_MODEL else None)
+            metadata = src.metadata if w.index is None else metadata
+    index, total = w.index and os.path.basename(w.index), sum(r["bytes"] for r in rows)
+    if as_json:
+        json.dump({"directory": path, "format": fmt, "index": index, "files": [os.path.relpath(f, path) for f in
+                   w.files], "tensors": rows, "tensor_bytes": total, "metadata": metadata,
+                   "training_record": summary}, out, indent=2)
+        out.write("\n")
+        return
+    out.write(f"{path}  (format {fmt}: {len(w.files)} weight file{'s' if len(w.files) != 1 else ''}"
+              f"{', index ' + index if index else ''})\n")
+    names, width = column(r["name"] for r in rows)
+    out.write(f"  {'name':<{width}}  {'dtype':<14} {'shape':<20} {'size':>10}  file\n")
+    for name, r in zip(names, rows):
+        out.write(f"  {pad(name, width)}  {r['dtype']:<14} {str(tuple(r['shape'])):<20} {_human(r['bytes']):>10}"
+                  f"  {r['file']}\n")
+    out.write(f"  {len(rows)} tensors, {_human(total)} of data\n")
+    _write_metadata(out, metadata, summary)
+
+
 def cmd_inspect(args) -> int:
     from tensorlist.convert import infer_format
     from tensorlist.convert.formats import DCP_FORMATS
+    from tensorlist.convert.modeldir import MODEL_FORMATS
 
     fmt = args.format or infer_format(args.file, for_reading=True)
     if fmt in DCP_FORMATS:
         _inspect_dcp(args.file, fmt, args.json, sys.stdout)
+        return 0
+    if fmt in MODEL_FORMATS:
+        _inspect_model_dir(args.file, fmt, args.json, sys.stdout)
         return 0
     if fmt not in ("tensorlist", "lamp"):
         _inspect_other(args.file, fmt, args.json, sys.stdout)
@@ -286,9 +328,24 @@ def _validate_dcp(path: str, fmt: str, verify: bool) -> str:
                    "records not loaded (--verify loads each)"))
 
 
+def _validate_model_dir(path: str, fmt: str, verify: bool, allow_outside: bool) -> str:
+    """Checks a model directory, the summary of its ok line: the index and the shards agree (``modeldir``: a
+    safetensors file is parsed by safetensors' rules there), each tensorlist one checked as ``validate`` checks one."""
+    from tensorlist.convert.modeldir import model_weights
+    from tensorlist.convert.sources import SafetensorsFile
+
+    w = model_weights(path, fmt=fmt, allow_outside=allow_outside, parser=SafetensorsFile)
+    for f in w.files if fmt == "tensorlist-model" else ():
+        validate(f, verify=verify, allow_outside=allow_outside)
+    n, sums = len(w.files), ", checksums verified" if fmt == "tensorlist-model" else ", no checksums in safetensors"
+    return (f"{fmt}, {len(w.shards)} tensors in {n} weight file{'s' if n != 1 else ''}"
+            f"{', as its index says' if w.index else ''}{sums if verify else ''}")
+
+
 def cmd_validate(args) -> int:
     from tensorlist.convert import infer_format
     from tensorlist.convert.formats import DCP_FORMATS
+    from tensorlist.convert.modeldir import MODEL_FORMATS
 
     bad = 0
     for f in args.files:
@@ -296,6 +353,8 @@ def cmd_validate(args) -> int:
             fmt = infer_format(f, for_reading=True)
             if fmt in DCP_FORMATS:
                 line = f"{f}: ok ({_validate_dcp(f, fmt, args.verify)})"
+            elif fmt in MODEL_FORMATS:
+                line = f"{f}: ok ({_validate_model_dir(f, fmt, args.verify, args.allow_outside)})"
             else:
                 lists = validate(f, verify=args.verify, allow_outside=args.allow_outside)  # paths and URLs alike
                 n = sum(len(d.tensors) for d in lists)
@@ -573,7 +632,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_force(d, "write into a --dir that is not empty, replacing the demo's files there")
     d.set_defaults(func=cmd_demo)
 
-    i = sub.add_parser("inspect", help="list the tensors of a file or checkpoint directory", epilog=EXAMPLES["inspect"],
+    i = sub.add_parser("inspect", help="list the tensors of a file, checkpoint or model directory", epilog=EXAMPLES["inspect"],
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     i.add_argument("file")
     i.add_argument("--pointer", help="JSON pointer of an embedded TensorList (default: every list)")

@@ -9,8 +9,9 @@ descriptor, its data file beside it); a sharded checkpoint's
 ``metadata`` and a ``weight_map`` naming the ``.json`` shards. The directory
 ``TensorListTrainer.save_model`` writes is one.
 
-:func:`weight_files` and :func:`tensor_shards` read a tensorlist model
-directory (every shard confined to it, the index checked against the shards);
+:func:`model_weights` reads a model directory's weights (every shard
+confined to it, the index checked against the shards), :func:`weight_files`
+and :func:`tensor_shards` a tensorlist one's;
 :func:`convert_model_dir` converts either kind into the other, each weight file
 through ``sinks.convert`` (so the metadata mapping is the single files' one), in
 a temporary sibling directory renamed into place when complete. Pickled
@@ -18,8 +19,8 @@ weights (``pytorch_model*.bin``, ``*.pt``, ``*.pth``, ``*.ckpt``) are refused,
 never opened.
 
 Imports ``format``, ``reader``, ``_storage`` and ``errors`` only (``formats``
-asks it what a directory is; ``sinks`` hands in the converter and the
-safetensors parser). No torch, no transformers.
+asks it what a directory is; ``sinks`` and the command line hand in the
+converter and the safetensors parser). No torch, no transformers.
 """
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ from tensorlist.errors import FormatError
 from tensorlist.format import Limits, check_location, confine, open_regular, read_json_file, short_repr
 
 __all__ = ["TL_WEIGHTS", "TL_INDEX", "ST_WEIGHTS", "ST_INDEX", "CONFIG", "HF_MODEL", "TL_MODEL", "MODEL_FORMATS",
-           "is_hf_model_dir", "is_tl_model_dir", "model_format", "weight_files", "tensor_shards",
+           "is_hf_model_dir", "is_tl_model_dir", "model_format", "ModelWeights", "model_weights", "weight_files",
+           "tensor_shards",
            "convert_model_dir"]
 
 #: A tensorlist model directory's weights: one descriptor, or an index naming ``.json`` shards.
@@ -197,24 +199,51 @@ def _relative(directory: str, paths) -> List[str]:
     return out
 
 
-def weight_files(directory, *, allow_outside: bool = False) -> List[str]:
-    """The descriptor paths of a tensorlist model directory's weights, in shard order.
+class ModelWeights(NamedTuple):
+    """A model directory's weights, checked (:func:`model_weights`)."""
+
+    format: str  # "tensorlist-model" or "hf-model"
+    files: List[str]  # the weight files' paths, in shard order
+    index: Optional[str]  # the index's path, or None for one weights file
+    metadata: Optional[dict]  # the index's metadata (None for one weights file)
+    shards: Dict[str, str]  # each tensor -> the path of the weight file holding it, in shard order
+
+
+def model_weights(directory, *, fmt: Optional[str] = TL_MODEL, allow_outside: bool = False,
+                  parser=None) -> ModelWeights:
+    """The weights of a model directory: its weight files, its index, where each tensor is.
 
     ``model.json`` alone, or the shards ``model.index.json`` names (sorted by
     name: ``model-00001-of-00003.json`` first). Each is confined to the
     directory (``format.confine``) and checked against the index: a shard that
     is missing or outside, a tensor in two shards or in another than the index
     says is a FormatError naming the file, the tensor and the field.
+
+    ``fmt`` is ``"tensorlist-model"`` (the default), ``"hf-model"``
+    (``model.safetensors`` or its index, each header read by ``parser``:
+    ``sources.SafetensorsFile``) or None for the kind ``directory`` is.
     """
     directory = os.fspath(directory)
-    return [os.path.join(directory, f) for f in _weights(directory, TL_MODEL, allow_outside).files]
+    fmt = fmt or model_format(directory) or TL_MODEL
+    if fmt not in MODEL_FORMATS:
+        raise ValueError(f"unknown model directory format {fmt!r}: expected one of {', '.join(MODEL_FORMATS)}")
+    if fmt == HF_MODEL and parser is None:
+        raise TypeError("a Hugging Face model directory's weights are read with parser=sources.SafetensorsFile")
+    w = _weights(directory, fmt, allow_outside, parser)
+    index = None if w.index is None else os.path.join(directory, _KINDS[fmt][1])
+    return ModelWeights(fmt, [os.path.join(directory, f) for f in w.files], index,
+                        None if w.index is None else w.index.get("metadata"),
+                        {t: os.path.join(directory, f) for f in w.files for t in w.names[f]})
+
+
+def weight_files(directory, *, allow_outside: bool = False) -> List[str]:
+    """The descriptor paths of a tensorlist model directory's weights, in shard order (:func:`model_weights`)."""
+    return model_weights(directory, allow_outside=allow_outside).files
 
 
 def tensor_shards(directory, *, allow_outside: bool = False) -> Dict[str, str]:
-    """Each tensor of a tensorlist model directory -> the descriptor path holding it (checked as :func:`weight_files`)."""
-    directory = os.fspath(directory)
-    w = _weights(directory, TL_MODEL, allow_outside)
-    return {t: os.path.join(directory, f) for f in w.files for t in w.names[f]}
+    """Each tensor of a tensorlist model directory -> the descriptor path holding it (:func:`model_weights`)."""
+    return model_weights(directory, allow_outside=allow_outside).shards
 
 
 def _renamed(name: str, fmt: str) -> str:
