@@ -23,3 +23,14 @@ def tiny_gpt2():
     config = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=64, n_positions=16,
                                      bos_token_id=0, eos_token_id=0)
     return transformers.GPT2LMHeadModel(config)
+
+
+def tiny_llama():
+    """A two-layer Llama (hidden 64, 2 heads of 32, vocab 256) built from a config (nothing downloaded), seeded."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(hidden_size=64, num_attention_heads=2, num_key_value_heads=2, head_dim=32,
+                                      num_hidden_layers=2, vocab_size=256, intermediate_size=128,
+                                      max_position_embeddings=64)
+    return transformers.LlamaForCausalLM(config)
