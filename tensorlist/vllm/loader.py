@@ -2,7 +2,8 @@
 
 A tensorlist model directory is a Hugging Face model directory whose weights are tensorlist files
 (``model.json``, or ``model-0000i-of-0000N.json`` listed by ``model.index.json``; ``tensorlist convert``
-makes one). :class:`TensorListModelLoader` maps each shard copy-on-write and hands the model's own
+makes one), listed by ``convert.modeldir.weight_files`` (each shard confined and checked).
+:class:`TensorListModelLoader` maps each shard copy-on-write and hands the model's own
 ``load_weights`` torch tensors over the mapping, named as in safetensors: no byte is read before a
 weight loader copies it into its parameter, so under tensor parallelism a rank reads the pages of its
 slices (the rows of a column-parallel weight; a row-parallel weight's pages hold every rank's
@@ -27,44 +28,19 @@ from vllm.logger import init_logger
 from vllm.model_executor.model_loader import register_model_loader
 from vllm.model_executor.model_loader.base_loader import BaseModelLoader
 
-from tensorlist._base.files import confine
 from tensorlist._bridges.torch import from_numpy
+from tensorlist.convert.modeldir import TL_INDEX, TL_WEIGHTS, weight_files
 from tensorlist.errors import FormatError, SignatureError, TensorListError
-from tensorlist.format import read_json_file
 from tensorlist.reader import Reader
 
-__all__ = ["TensorListModelLoader", "register_loader", "weight_files", "LOAD_FORMAT"]
+__all__ = ["TensorListModelLoader", "register_loader", "LOAD_FORMAT"]
 
 LOAD_FORMAT = "tensorlist"
 #: the keys ``model_loader_extra_config`` may hold
 EXTRA_KEYS = frozenset(("verify", "public_key", "certificate_chain", "signature"))
-INDEX, SINGLE = "model.index.json", "model.json"
 
 # under vLLM's logger ("vllm"), so that its handler, format and level apply
 logger = init_logger("vllm.tensorlist")
-
-
-def weight_files(folder) -> List[str]:
-    """The descriptors of a tensorlist model directory, in the index's order, each confined to ``folder``.
-
-    Raises:
-        FormatError: neither ``model.index.json`` nor ``model.json``, a malformed index, or a
-            shard that resolves outside ``folder``.
-    """
-    folder = os.fspath(folder)
-    index = os.path.join(folder, INDEX)
-    if os.path.isfile(index):
-        doc = read_json_file(index)
-        weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
-        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-            raise FormatError("'weight_map' is not an object of tensor name -> descriptor file", file=index,
-                              field="weight_map")
-        names = list(dict.fromkeys(weight_map.values()))
-        return [confine(folder, n, what="weight file", where="model directory") for n in names]
-    if os.path.isfile(os.path.join(folder, SINGLE)):
-        return [confine(folder, SINGLE, what="weight file", where="model directory")]
-    raise FormatError(f"neither {INDEX} nor {SINGLE}: not a tensorlist model directory "
-                      "(`tensorlist convert HF_DIR OUT_DIR` makes one)", file=folder)
 
 
 class _Weights:
@@ -74,8 +50,9 @@ class _Weights:
     touches them, and a weight loader that writes into one never reaches the file.
     """
 
-    def __init__(self, files: List[str]):
+    def __init__(self, files: List[str], rank: Optional[int] = None):
         self.files = files
+        self.rank = rank  # under tensor parallelism: log the bytes of each shard this rank touched
         self.current: Optional[Tuple[str, int, str, torch.Tensor]] = None  # (file, index, name, tensor) last given
         self.names: Set[str] = set()
 
@@ -87,6 +64,10 @@ class _Weights:
                     self.current = (path, i, name, t)
                     self.names.add(name)
                     yield name, t
+                if self.rank is not None and len(r):
+                    touched, size = _touched(r[0].__array_interface__["data"][0])
+                    logger.info("TP rank %d touched %d of %d mapped bytes (%.0f%%) of %s", self.rank, touched,
+                                size, 100.0 * touched / max(size, 1), path)
         self.current = None
 
 
@@ -116,7 +97,7 @@ class TensorListModelLoader(BaseModelLoader):
         folder = model_config.model
         if self.verify:
             self._check_signature(folder)
-        weights = _Weights(weight_files(folder))
+        weights = _Weights(weight_files(folder), _tp_rank())
         start = time.perf_counter()
         try:
             loaded = model.load_weights(iter(weights))
@@ -144,10 +125,32 @@ class TensorListModelLoader(BaseModelLoader):
         logger.info("Verified %d files of %s against %s", len(files), folder, signature)
 
 
+def _touched(address: int) -> Tuple[int, int]:
+    """``(resident, size)`` in bytes of this process's mapping holding ``address`` (``/proc/self/smaps``; Linux).
+
+    Resident pages of a file mapping are the pages this process faulted in (with the kernel's
+    fault-around of neighbours already cached): what it read of the file. ``(0, 0)`` where there is no smaps.
+    """
+    try:
+        with open("/proc/self/smaps") as f:
+            inside = False
+            size = 0
+            for line in f:
+                head = line.split(None, 1)[0]
+                if "-" in head and not head.endswith(":"):
+                    lo, hi = (int(x, 16) for x in head.split("-"))
+                    inside, size = lo <= address < hi, hi - lo
+                elif inside and head == "Rss:":
+                    return int(line.split()[1]) * 1024, size
+    except OSError:
+        pass
+    return 0, 0
+
+
 def _listing(folder) -> str:
     """The file that lists a directory's tensors: its index, else its one descriptor."""
-    index = os.path.join(os.fspath(folder), INDEX)
-    return index if os.path.isfile(index) else os.path.join(os.fspath(folder), SINGLE)
+    index = os.path.join(os.fspath(folder), TL_INDEX)
+    return index if os.path.isfile(index) else os.path.join(os.fspath(folder), TL_WEIGHTS)
 
 
 def _check_complete(model: torch.nn.Module, loaded: Set[str], given: Set[str], listing: str) -> None:
@@ -168,6 +171,13 @@ def _check_complete(model: torch.nn.Module, loaded: Set[str], given: Set[str], l
         more = f" ({len(missing) - 1} more missing)" if len(missing) > 1 else ""
         raise FormatError(f"tensor {missing[0]!r} is missing: the model ({type(model).__name__}) needs it and no "
                           f"weight file holds it{more}", file=listing, tensor_name=missing[0])
+
+
+def _tp_rank() -> Optional[int]:
+    """This worker's tensor-parallel rank where there are several, else None."""
+    from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+
+    return get_tensor_model_parallel_rank() if get_tensor_model_parallel_world_size() > 1 else None
 
 
 _registered = False

