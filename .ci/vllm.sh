@@ -4,7 +4,8 @@
 # CUDA build), torchvision/torchaudio/torchcodec removed (built for another torch, transformers fails to
 # import with them), then this tree (`pip install -e .`) and the test tools; then tests/vllm and the
 # doctests of tensorlist/vllm. Fails where vLLM does not import or where any test skips (so nothing
-# there is silently left out). 314 s on 2 cores: the install ~150 s, the 27 tests 157 s.
+# there is silently left out). ~380 s on 2 cores: the install ~150 s, the 29 tests 228 s, of
+# which ~110 s are test_vllm_serve.py's two API servers.
 #
 #   bash .ci/vllm.sh        ($PYTHON: a Python 3.11, default python3.11)
 set -euo pipefail
