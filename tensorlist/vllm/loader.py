@@ -19,7 +19,11 @@ sign DIR`` writes it). Registered by :func:`tensorlist.vllm.register`; imports v
 """
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import mmap
 import os
+import sys
 import time
 from typing import Dict, Iterator, List, Optional, Set, Tuple
 
@@ -50,15 +54,18 @@ class _Weights:
     touches them, and a weight loader that writes into one never reaches the file.
     """
 
-    def __init__(self, files: List[str], rank: Optional[int] = None):
+    def __init__(self, files: List[str], rank: Optional[int] = None, populate: bool = False):
         self.files = files
         self.rank = rank  # under tensor parallelism: log the bytes of each shard this rank touched
+        self.populate = populate  # read each whole shard as it opens (every byte of it is needed)
         self.current: Optional[Tuple[str, int, str, torch.Tensor]] = None  # (file, index, name, tensor) last given
         self.names: Set[str] = set()
 
     def __iter__(self) -> Iterator[Tuple[str, torch.Tensor]]:
         for path in self.files:
             with Reader(path, mmap="copy", bits=True) as r:
+                if self.populate:
+                    _populate(r)
                 for i, name in enumerate(r.keys()):
                     t = from_numpy(r[i])
                     self.current = (path, i, name, t)
@@ -97,10 +104,13 @@ class TensorListModelLoader(BaseModelLoader):
         folder = model_config.model
         if self.verify:
             self._check_signature(folder)
-        weights = _Weights(weight_files(folder), _tp_rank())
+        rank = _tp_rank()
+        adopt = rank is None and model_config.quantization is None and not self.verify
+        weights = _Weights(weight_files(folder), rank, populate=adopt)
         start = time.perf_counter()
         try:
-            loaded = model.load_weights(iter(weights))
+            with _adopting(model, adopt):
+                loaded = model.load_weights(iter(weights))
         except TensorListError:
             raise
         except Exception as e:
@@ -123,6 +133,74 @@ class TensorListModelLoader(BaseModelLoader):
         files = verify(folder, public_key=self.public_key, certificate_chain=self.certificate_chain,
                        signature=signature)
         logger.info("Verified %d files of %s against %s", len(files), folder, signature)
+
+
+MADV_WILLNEED, MADV_POPULATE_READ = 3, 22  # Linux: read a range ahead; (5.14+) fault its pages in, in one call
+
+
+def _populate(r: Reader) -> None:
+    """Reads ``r``'s whole region ahead and faults its pages in (``madvise``); a no-op where refused."""
+    if not len(r) or not r.descriptor.byte_length or sys.platform != "linux":
+        return
+    i = max(range(len(r)), key=lambda j: r.info(j).byte_length)  # a tensor inside the mapping
+    base = r[i].__array_interface__["data"][0] - r.info(i).byte_offset  # the region's first byte
+    head = base % mmap.PAGESIZE
+    for advice in (MADV_WILLNEED, MADV_POPULATE_READ):
+        ctypes.CDLL(None).madvise(ctypes.c_void_p(base - head), ctypes.c_size_t(r.descriptor.byte_length + head),
+                                  advice)
+
+
+@contextlib.contextmanager
+def _adopting(model: torch.nn.Module, on: bool) -> Iterator[None]:
+    """While loading, a parameter given its whole tensor by a loader that would copy it views that tensor instead.
+
+    Only for vLLM's loaders that copy a whole weight into a whole parameter at one rank (``ADOPTING``),
+    unquantized: a plain CPU :class:`torch.nn.Parameter` owning its storage, given (with no shard id) a
+    contiguous tensor of its shape and dtype, takes the tensor's storage, the copy-on-write mapping
+    (its bytes are the copy's; writes to it stay private). Its own never-touched memory is then freed
+    unfaulted. Every other call goes to the loader as it is.
+    """
+    if not on:
+        yield
+        return
+    saved = []
+    for param in model.parameters():
+        wl = getattr(param, "weight_loader", None)
+        if type(param) is torch.nn.Parameter and param.device.type == "cpu" and (
+                wl is None or getattr(wl, "__func__", wl) in _adopting_loaders()):
+            saved.append((param, wl))
+            param.weight_loader = _adopter(wl or _adopting_loaders()[0])
+    try:
+        yield
+    finally:
+        for param, wl in saved:
+            if wl is None:
+                del param.weight_loader
+            else:
+                param.weight_loader = wl
+
+
+def _adopting_loaders() -> tuple:
+    """vLLM's weight loaders that, at one rank and unquantized, copy a whole tensor into a whole parameter."""
+    from vllm.model_executor.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+    from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+
+    return (default_weight_loader, ReplicatedLinear.weight_loader, ColumnParallelLinear.weight_loader,
+            RowParallelLinear.weight_loader, VocabParallelEmbedding.weight_loader)
+
+
+def _adopter(loader):
+    def weight_loader(param, loaded, *args, **kwargs):
+        if (not args and not kwargs and isinstance(loaded, torch.Tensor) and loaded.shape == param.shape
+                and loaded.dtype == param.dtype and loaded.device == param.device and loaded.is_contiguous()
+                and not getattr(param, "is_sharded_weight", False) and param.data_ptr()
+                == param.untyped_storage().data_ptr() and param.untyped_storage().nbytes() == loaded.nbytes):
+            param.data = loaded
+            return None
+        return loader(param, loaded, *args, **kwargs)
+
+    return weight_loader
 
 
 def _touched(address: int) -> Tuple[int, int]:
