@@ -4,10 +4,13 @@ A tensorlist model directory is a Hugging Face model directory whose weights are
 (``model.json``, or ``model-0000i-of-0000N.json`` listed by ``model.index.json``; ``tensorlist convert``
 makes one), listed by ``convert.modeldir.weight_files`` (each shard confined and checked).
 :class:`TensorListModelLoader` maps each shard copy-on-write and hands the model's own
-``load_weights`` torch tensors over the mapping, named as in safetensors: no byte is read before a
-weight loader copies it into its parameter, so under tensor parallelism a rank reads the pages of its
+``load_weights`` torch tensors over the mapping, named as in safetensors. Under tensor parallelism
+no byte is read before a weight loader copies it into its parameter, so a rank reads the pages of its
 slices (the rows of a column-parallel weight; a row-parallel weight's pages hold every rank's
-columns). Then, as vLLM's default loader does, it logs ``Loading weights took`` and checks that every
+columns). At one rank, unquantized and without ``verify``, each shard is read ahead as it opens, and
+a parameter given a whole weight by a loader that would copy it takes the mapping's pages instead
+(see ``_adopting``): the served weights are then the files' pages, private once written (so a file
+must not change while it is served). Then, as vLLM's default loader does, it logs ``Loading weights took`` and checks that every
 parameter was loaded. A tensor of the wrong dims, a tensor the model lacks and a tensor the model
 needs that no shard holds each fail the load with a :class:`~tensorlist.errors.FormatError` naming
 the tensor and the file.
@@ -65,7 +68,7 @@ class _Weights:
         for path in self.files:
             with Reader(path, mmap="copy", bits=True) as r:
                 if self.populate:
-                    _populate(r)
+                    _populate([_region(r)])
                 for i, name in enumerate(r.keys()):
                     t = from_numpy(r[i])
                     self.current = (path, i, name, t)
@@ -109,7 +112,7 @@ class TensorListModelLoader(BaseModelLoader):
         weights = _Weights(weight_files(folder), rank, populate=adopt)
         start = time.perf_counter()
         try:
-            with _adopting(model, adopt):
+            with _adopting(model, adopt) as adopted:
                 loaded = model.load_weights(iter(weights))
         except TensorListError:
             raise
@@ -120,6 +123,9 @@ class TensorListModelLoader(BaseModelLoader):
             raise FormatError(f"{str(t.dtype)[6:]} {list(t.shape)} does not fit the model ({type(model).__name__}): "
                               f"{type(e).__name__}: {e}", file=path, tensor_index=i, tensor_name=name) from e
         logger.info("Loading weights took %.2f seconds", time.perf_counter() - start)
+        if adopted:
+            logger.info("%d tensors (%d bytes) taken from the mappings uncopied", len(adopted),
+                        sum(t.nbytes for t in adopted))
         if loaded is not None and model_config.quantization is None:
             _check_complete(model, loaded, weights.names, _listing(folder))
 
@@ -138,30 +144,38 @@ class TensorListModelLoader(BaseModelLoader):
 MADV_WILLNEED, MADV_POPULATE_READ = 3, 22  # Linux: read a range ahead; (5.14+) fault its pages in, in one call
 
 
-def _populate(r: Reader) -> None:
-    """Reads ``r``'s whole region ahead and faults its pages in (``madvise``); a no-op where refused."""
-    if not len(r) or not r.descriptor.byte_length or sys.platform != "linux":
-        return
+def _region(r: Reader) -> Tuple[int, int]:
+    """``(address, length)`` of ``r``'s region in its mapping; ``(0, 0)`` where it holds no byte."""
+    if not len(r) or not r.descriptor.byte_length:
+        return 0, 0
     i = max(range(len(r)), key=lambda j: r.info(j).byte_length)  # a tensor inside the mapping
-    base = r[i].__array_interface__["data"][0] - r.info(i).byte_offset  # the region's first byte
-    head = base % mmap.PAGESIZE
-    for advice in (MADV_WILLNEED, MADV_POPULATE_READ):
-        ctypes.CDLL(None).madvise(ctypes.c_void_p(base - head), ctypes.c_size_t(r.descriptor.byte_length + head),
-                                  advice)
+    return r[i].__array_interface__["data"][0] - r.info(i).byte_offset, r.descriptor.byte_length
+
+
+def _populate(regions: List[Tuple[int, int]]) -> None:
+    """Reads each region ahead and faults its pages in (``madvise``); a no-op where refused."""
+    if sys.platform != "linux":
+        return
+    madvise = ctypes.CDLL(None).madvise
+    for base, length in regions:
+        head = base % mmap.PAGESIZE
+        for advice in (MADV_WILLNEED, MADV_POPULATE_READ) if length else ():
+            madvise(ctypes.c_void_p(base - head), ctypes.c_size_t(length + head), advice)
 
 
 @contextlib.contextmanager
-def _adopting(model: torch.nn.Module, on: bool) -> Iterator[None]:
+def _adopting(model: torch.nn.Module, on: bool) -> Iterator[List[torch.Tensor]]:
     """While loading, a parameter given its whole tensor by a loader that would copy it views that tensor instead.
 
     Only for vLLM's loaders that copy a whole weight into a whole parameter at one rank (``ADOPTING``),
     unquantized: a plain CPU :class:`torch.nn.Parameter` owning its storage, given (with no shard id) a
     contiguous tensor of its shape and dtype, takes the tensor's storage, the copy-on-write mapping
     (its bytes are the copy's; writes to it stay private). Its own never-touched memory is then freed
-    unfaulted. Every other call goes to the loader as it is.
+    unfaulted. Every other call goes to the loader as it is. Yields the list of the tensors taken.
     """
+    adopted: List[torch.Tensor] = []
     if not on:
-        yield
+        yield adopted
         return
     saved = []
     for param in model.parameters():
@@ -169,9 +183,9 @@ def _adopting(model: torch.nn.Module, on: bool) -> Iterator[None]:
         if type(param) is torch.nn.Parameter and param.device.type == "cpu" and (
                 wl is None or getattr(wl, "__func__", wl) in _adopting_loaders()):
             saved.append((param, wl))
-            param.weight_loader = _adopter(wl or _adopting_loaders()[0])
+            param.weight_loader = _adopter(wl or _adopting_loaders()[0], adopted)
     try:
-        yield
+        yield adopted
     finally:
         for param, wl in saved:
             if wl is None:
@@ -190,13 +204,14 @@ def _adopting_loaders() -> tuple:
             RowParallelLinear.weight_loader, VocabParallelEmbedding.weight_loader)
 
 
-def _adopter(loader):
+def _adopter(loader, adopted: List[torch.Tensor]):
     def weight_loader(param, loaded, *args, **kwargs):
         if (not args and not kwargs and isinstance(loaded, torch.Tensor) and loaded.shape == param.shape
                 and loaded.dtype == param.dtype and loaded.device == param.device and loaded.is_contiguous()
                 and not getattr(param, "is_sharded_weight", False) and param.data_ptr()
                 == param.untyped_storage().data_ptr() and param.untyped_storage().nbytes() == loaded.nbytes):
             param.data = loaded
+            adopted.append(loaded)
             return None
         return loader(param, loaded, *args, **kwargs)
 

@@ -29,6 +29,10 @@ def test_same_tokens_as_safetensors(case, models, stock_tokens, loader_log):
     assert tokens == stock_tokens(case)
     assert len({t for seq in tokens for t in seq}) > 8  # greedy tokens that vary: the weights are used
     assert any(m.startswith("Loading weights took ") for m in loader_log)
+    # whole weights (o_proj, down_proj, norms, embeddings) are the mappings' pages, not copies, where the
+    # stored dtype is the engine's (float32); bfloat16 weights are converted by the loaders' copies
+    adopted = any(m.endswith(" taken from the mappings uncopied") for m in loader_log)
+    assert adopted == (case != "bfloat16"), loader_log
 
 
 def test_same_tokens_with_the_engine_in_its_own_process(models, stock_tokens, spawned):
