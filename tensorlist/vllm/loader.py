@@ -7,7 +7,7 @@ makes one), listed by ``convert.modeldir.weight_files`` (each shard confined and
 ``load_weights`` torch tensors over the mapping, named as in safetensors. Under tensor parallelism
 no byte is read before a weight loader copies it into its parameter, so a rank reads the pages of its
 slices (the rows of a column-parallel weight; a row-parallel weight's pages hold every rank's
-columns). At one rank, unquantized and without ``verify``, each shard is read ahead as it opens, and
+columns). At one rank, unquantized and without ``verify``, each shard is read whole as it opens, and
 a parameter given a whole weight by a loader that would copy it takes the mapping's pages instead
 (see ``_adopting``): the served weights are then the files' pages, private once written (so a file
 must not change while it is served). Then, as vLLM's default loader does, it logs ``Loading weights took`` and checks that every
@@ -141,7 +141,7 @@ class TensorListModelLoader(BaseModelLoader):
         logger.info("Verified %d files of %s against %s", len(files), folder, signature)
 
 
-MADV_WILLNEED, MADV_POPULATE_READ = 3, 22  # Linux: read a range ahead; (5.14+) fault its pages in, in one call
+MADV_POPULATE_READ = 22  # Linux 5.14+: fault a range's pages in (reading them), in one call
 
 
 def _region(r: Reader) -> Tuple[int, int]:
@@ -153,13 +153,13 @@ def _region(r: Reader) -> Tuple[int, int]:
 
 
 def _populate(regions: List[Tuple[int, int]]) -> None:
-    """Reads each region ahead and faults its pages in (``madvise``); a no-op where refused."""
+    """Faults each region's pages in, reading them (``madvise``); a no-op where refused."""
     if sys.platform != "linux":
         return
     madvise = ctypes.CDLL(None).madvise
     for base, length in regions:
         head = base % mmap.PAGESIZE
-        for advice in (MADV_WILLNEED, MADV_POPULATE_READ) if length else ():
+        for advice in (MADV_POPULATE_READ,) if length else ():
             madvise(ctypes.c_void_p(base - head), ctypes.c_size_t(length + head), advice)
 
 
