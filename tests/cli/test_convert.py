@@ -114,7 +114,7 @@ def test_reads_what_the_safetensors_library_writes(tmp_path):
 @pytest.mark.parametrize("dst", ["m.safetensors", "hf/m.safetensors.index.json"])
 def test_a_list_keeps_its_order_and_weights_hash_through_safetensors(tmp_path, dst):
     """safetensors lays tensors out by dtype, widest first; the header keeps the list's order, and reads it back."""
-    from safetensors.numpy import load_file
+    import importlib.util
 
     from tensorlist.provenance.record import weights_sha256
 
@@ -125,7 +125,9 @@ def test_a_list_keeps_its_order_and_weights_hash_through_safetensors(tmp_path, d
     convert(tmp_path / dst, tmp_path / "back.tl", progress=False)
     assert list(tl.open(tmp_path / "back.tl").keys()) == list(want)
     assert weights_sha256(str(tmp_path / "back.tl")) == weights_sha256(want)
-    if dst == "m.safetensors":
+    if dst == "m.safetensors" and importlib.util.find_spec("safetensors"):  # not on the foreign CPUs' leg
+        from safetensors.numpy import load_file
+
         got = load_file(str(tmp_path / dst))  # the library reads it: offsets in layout order, widest first
         _assert_same_bits(got, want)
 
