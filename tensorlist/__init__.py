@@ -10,8 +10,8 @@ length) over one raw little-endian data file, memory-mapped when loaded:
     array([3., 4., 5.], dtype=float32)
 
 Here: ``save``, ``load``, ``open`` (a ``Reader``), ``validate``,
-``to_dlpack``, the errors (``FormatError``...) and the format's types and
-limits. Frameworks: ``tensorlist.torch``, ``.jax``, ``.mlx``, ``.tensorflow``,
+``to_dlpack``, ``Key`` (``key=`` encrypts and decrypts), the errors
+(``FormatError``...) and the format's types and limits. Frameworks: ``tensorlist.torch``, ``.jax``, ``.mlx``, ``.tensorflow``,
 ``.orbax`` (each imports its own); ``tensorlist.dcp`` (torch.distributed
 checkpoints), ``.convert``, ``.loops``, ``.lightning``, ``.huggingface``,
 ``.provenance`` (training records, signing, lineage); the ``tensorlist``
@@ -28,9 +28,10 @@ from typing import TYPE_CHECKING
 
 from tensorlist._base import backends as _backends
 from tensorlist.errors import ChecksumError as ChecksumError, FormatError as FormatError
-from tensorlist.errors import TensorListError as TensorListError
+from tensorlist.errors import EncryptionError as EncryptionError, TensorListError as TensorListError
 
 if TYPE_CHECKING:  # what static checkers see ("X as X": re-exported); at run time __getattr__ imports them
+    from tensorlist.crypto import Key as Key
     from tensorlist.dlpack import to_dlpack as to_dlpack
     from tensorlist.format import (DEFAULT_ALIGNMENT as DEFAULT_ALIGNMENT, FORMAT_VERSION as FORMAT_VERSION,
                                    LIST_ALIGNMENT as LIST_ALIGNMENT, MAX_DESCRIPTOR_BYTES as MAX_DESCRIPTOR_BYTES,
@@ -48,6 +49,7 @@ _HOMES = {
     **dict.fromkeys(("load", "open", "Reader", "load_document"), "reader"),
     **dict.fromkeys(("validate", "load_schema"), "schema"),
     "to_dlpack": "dlpack",
+    "Key": "crypto",
     **dict.fromkeys(("find_tensor_lists", "ListDescriptor", "TensorInfo", "FORMAT_VERSION", "LIST_ALIGNMENT",
                      "MIN_TENSOR_ALIGNMENT", "DEFAULT_ALIGNMENT", "MAX_DESCRIPTOR_BYTES", "MAX_TENSORS"), "format"),
 }

@@ -13,7 +13,7 @@ import errno
 import os
 from typing import Optional
 
-__all__ = ["TensorListError", "FormatError", "ChecksumError", "UnsupportedDTypeError", "SignatureError",
+__all__ = ["TensorListError", "FormatError", "ChecksumError", "UnsupportedDTypeError", "SignatureError", "EncryptionError",
            "DestinationExistsError", "short_repr"]
 
 
@@ -75,6 +75,10 @@ def _rebuild_format_error(cls, reason, file, tensor_index, tensor_name, field):
 
 class ChecksumError(FormatError):
     """A tensor's bytes do not match the CRC32C stored in its descriptor."""
+
+
+class EncryptionError(FormatError):
+    """An encrypted list cannot be read: no key, the wrong key, or bytes that fail authentication."""
 
 
 class SignatureError(TensorListError, ValueError):

@@ -20,6 +20,7 @@ from tensorlist._base import dtypes as _dtypes
 from tensorlist._base import lowlevel
 from tensorlist._base.files import confine, inside, open_regular, read_capped, read_regular, sha256_file
 from tensorlist._base.jsonio import escape_pointer, loads_strict, resolve_pointer, walk
+from tensorlist.crypto.spec import parse_encryption
 from tensorlist.errors import FormatError, short_repr
 
 __all__ = [
@@ -61,6 +62,8 @@ __all__ = [
 #: Version of the tensorlist extensions; written as ``formatVersion``. Files
 #: without the key are plain lamp files (version 0 rules).
 FORMAT_VERSION = 1
+#: The version of an encrypted list (docs/FORMAT.md, "Encrypted lists"); plain lists stay version 1.
+ENCRYPTED_VERSION = 2
 #: A list's ``byteOffset`` is a multiple of this (lamp asserts it; a page on most systems).
 LIST_ALIGNMENT = lowlevel.LIST_ALIGNMENT
 #: Every tensor starts at a multiple of 8 bytes from its list's start (lamp's padding).
@@ -186,6 +189,8 @@ class ListDescriptor(NamedTuple):
         pointer: the descriptor's JSON pointer inside that document.
         base_dir: the directory ``location`` is resolved against, or None.
         raw: the descriptor's JSON object as parsed.
+        encryption: the checked ``encryption`` object of an encrypted list
+            (``crypto.spec.Encryption``), or None.
     """
 
     location: str
@@ -198,6 +203,7 @@ class ListDescriptor(NamedTuple):
     pointer: str
     base_dir: Optional[str]
     raw: Dict[str, Any]
+    encryption: Any = None  # crypto.spec.Encryption of an encrypted list
 
     @property
     def data_path(self) -> Optional[str]:
@@ -458,8 +464,8 @@ def parse_list(
     version = obj.get("formatVersion", _MISSING)
     if version is _MISSING:
         version = None
-    elif not _is_int(version) or not 1 <= version <= FORMAT_VERSION:
-        fail(f"unsupported format version {version!r} (this reader knows 1..{FORMAT_VERSION})",
+    elif not _is_int(version) or not 1 <= version <= ENCRYPTED_VERSION:
+        fail(f"unsupported format version {version!r} (this reader knows 1..{ENCRYPTED_VERSION})",
              "formatVersion")
     tensors = obj.get("tensors", [])
     table = None
@@ -504,6 +510,14 @@ def parse_list(
                 fail(f"tensor ends at {t.byte_offset + t.byte_length}, past the list's byteLength "
                      f"{list_length}", "byteLength", bad, t.name)
             fail(_LAYOUT_REASONS.get(kind, kind), "byteOffset", bad, t.name)
+    encryption = None
+    if "encryption" in obj or version == ENCRYPTED_VERSION:
+        if version != ENCRYPTED_VERSION or "encryption" not in obj:
+            fail(f"an encrypted list has formatVersion {ENCRYPTED_VERSION} and an encryption object, and only it",
+                 "formatVersion")
+        if "metadata" in obj:
+            fail("an encrypted list keeps its metadata inside encryption/metadata, never in plain text", "metadata")
+        encryption = parse_encryption(obj["encryption"], table, list_offset, list_length, fail)
 
     return ListDescriptor(
         location=location,
@@ -516,6 +530,7 @@ def parse_list(
         pointer=pointer,
         base_dir=base_dir,
         raw=obj,
+        encryption=encryption,
     )
 
 

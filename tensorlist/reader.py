@@ -123,6 +123,11 @@ class Reader(TensorMapping):
             that type. For programs whose framework holds these types itself
             (torch, MLX): ml_dtypes is then not imported. Other dtypes are
             unaffected.
+        key: the key of an encrypted list (a ``tensorlist.Key`` or its 32
+            bytes), checked at once. Without it, an encrypted list still shows
+            its names, dtypes and shapes, and reading a tensor raises
+            ``EncryptionError``. Its tensors are decrypted into private memory
+            whatever ``mmap`` says.
 
     Example:
         >>> import numpy as np, tensorlist, tempfile, os
@@ -149,6 +154,7 @@ class Reader(TensorMapping):
         max_tensors: Optional[int] = None,
         max_total_bytes: Optional[int] = None,
         bits: bool = False,
+        key=None,
     ):
         self.path = backends.localize(os.fspath(path))
         self._bits = bool(bits)
@@ -157,7 +163,17 @@ class Reader(TensorMapping):
         self._index: Optional[Dict[str, int]] = None
         (desc,), (self._data,), _ = open_consistently(lambda: [self._read_descriptor(pointer, allow_outside)],
                                                       mmap, allow_outside, file=self.path, share=False)
-        self.descriptor: ListDescriptor = desc
+        try:
+            metadata = self._data.unlock(key)
+        except BaseException:
+            self.close()
+            raise
+        self.descriptor: ListDescriptor = desc._replace(metadata=metadata) if key is not None else desc
+
+    @property
+    def encrypted(self) -> bool:
+        """Whether the list is encrypted (its metadata reads as None until opened with its key)."""
+        return self.descriptor.encryption is not None
 
     def _read_descriptor(self, pointer, allow_outside) -> ListDescriptor:
         doc = read_json_file(self.path, self._limits, fast=True)
@@ -252,7 +268,7 @@ def load(path, *, pointer: Optional[str] = None, mmap: Union[bool, str] = True, 
             whole-file host copy; on ``"cpu"`` the tensors share the mapping
             as numpy's arrays do. Needs torch.
         **kwargs: ``allow_outside``, ``max_descriptor_bytes``, ``max_tensors``,
-            ``max_total_bytes``, ``bits`` (see :class:`Reader`) (and, with ``device``, ``chunk_bytes`` and
+            ``max_total_bytes``, ``bits``, ``key`` (see :class:`Reader`) (and, with ``device``, ``chunk_bytes`` and
             ``buffers``: the staging ring).
 
     Returns:
@@ -276,7 +292,7 @@ def load(path, *, pointer: Optional[str] = None, mmap: Union[bool, str] = True, 
 
 def load_document(path, *, mmap: Union[bool, str] = True, allow_outside: bool = False,
                   max_descriptor_bytes: Optional[int] = None, max_tensors: Optional[int] = None,
-                  max_total_bytes: Optional[int] = None):
+                  max_total_bytes: Optional[int] = None, key=None):
     """Loads a JSON document, replacing every embedded TensorList by its tensors.
 
     Lists that share a data file share one mapping (or, with ``mmap=False``,
@@ -287,13 +303,14 @@ def load_document(path, *, mmap: Union[bool, str] = True, allow_outside: bool = 
     Returns:
         The document in which each TensorList object became a dict name ->
         array (as ``load`` returns it); the parsed document is not kept.
+        ``key`` opens its encrypted lists (see :class:`Reader`).
     """
     mmap = read_mode(mmap)
     path = backends.localize(os.fspath(path))
     if backends.is_remote(path):
         return backends.dispatch("load_document", path)(
             path, mmap=mmap, allow_outside=allow_outside, max_descriptor_bytes=max_descriptor_bytes,
-            max_tensors=max_tensors, max_total_bytes=max_total_bytes)
+            max_tensors=max_tensors, max_total_bytes=max_total_bytes, **({"key": key} if key is not None else {}))
     limits = Limits.of(max_descriptor_bytes, max_tensors, max_total_bytes)
     base = _base_dir(path)
     state = {}
@@ -306,6 +323,8 @@ def load_document(path, *, mmap: Union[bool, str] = True, allow_outside: bool = 
     descs, datas, shared = open_consistently(read, mmap, allow_outside, file=path)
     doc = state["doc"]
     try:
+        for data in datas:
+            data.unlock(key)
         if mmap is ReadMode.READ:
             _read_spans(descs, shared)
         for desc, data in zip(descs, datas):

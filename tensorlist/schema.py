@@ -85,7 +85,7 @@ def _check_tree(desc: ListDescriptor, file: Optional[str]) -> ListDescriptor:
 def validate(obj, *, pointer: Optional[str] = None, base_dir=None, check_data: bool = True,
              verify: bool = False, allow_outside: bool = False,
              max_descriptor_bytes: Optional[int] = None, max_tensors: Optional[int] = None,
-             max_total_bytes: Optional[int] = None, source: Optional[str] = None,
+             max_total_bytes: Optional[int] = None, source: Optional[str] = None, key=None,
              **backend_options) -> List[ListDescriptor]:
     """Validates TensorList descriptors: the JSON Schema, then every semantic rule.
 
@@ -103,7 +103,10 @@ def validate(obj, *, pointer: Optional[str] = None, base_dir=None, check_data: b
             document's directory; for a string or dict, none, so the data file
             is not checked unless this is given).
         check_data: check that the data file exists and is large enough.
-        verify: also check the stored CRC32C checksums against the data.
+        verify: also check the stored CRC32C checksums against the data (of
+            an encrypted list: every chunk's tag, which needs ``key``).
+        key: the key of encrypted lists: checked against each (with
+            ``check_data`` or ``verify``), so a wrong key fails here.
         allow_outside: accept a ``location`` that is absolute or leaves the
             directory, or a data file that is a symlink to elsewhere.
         max_descriptor_bytes, max_tensors, max_total_bytes: policy limits
@@ -174,6 +177,8 @@ def validate(obj, *, pointer: Optional[str] = None, base_dir=None, check_data: b
     # the same consistent open as a Reader's: a file being replaced is re-read, not reported missing
     descs, datas, shared = open_consistently(descriptors, True, allow_outside, file=file)
     try:
+        for d in datas:
+            d.unlock(key)
         if verify:
             for d in datas:
                 d.verify(d.desc.tensors)

@@ -22,6 +22,7 @@ from tensorlist._storage.commit import Commit, atomic_file
 from tensorlist._storage.items import (GCPaused, Item, WriterBase, align, check_alignment, check_metadata, descriptor,
                      descriptor_text, fast_descriptor_text, known_len, prepare, tensor_entries)
 from tensorlist._storage.items import layout as place
+from tensorlist._storage.sealed import Seal, check_key_use, le_bytes
 from tensorlist._base.jsonio import check_json, dumps, escape_pointer, resolve_pointer, walk
 from tensorlist.errors import FormatError
 from tensorlist.format import DEFAULT_ALIGNMENT, LIST_ALIGNMENT, MIN_TENSOR_ALIGNMENT, find_tensor_lists
@@ -56,8 +57,20 @@ def _write_lists(fd, lists, alignment, checksum, durable, threads, path, lamp):
     return out
 
 
+def _sealed_lists(fd, lists, metas, alignment, threads, path, key, location) -> List[Dict[str, Any]]:
+    """Writes several lists encrypted, each with its own salt, at 4096-aligned offsets; returns their descriptors."""
+    out, start = [], 0
+    for items, meta in zip(lists, metas):
+        start = align(start, LIST_ALIGNMENT)
+        seal = Seal(key, threads)
+        rel, length = seal.write_list(fd, items, start, alignment, path)
+        out.append(seal.list_descriptor(items, rel, location, start, length, meta))
+        start += length
+    return out
+
+
 def save(path, tensors, *, metadata: Any = None, alignment: int = DEFAULT_ALIGNMENT, checksum: bool = True,
-         lamp: bool = False, durable: bool = True, threads: Optional[int] = None) -> None:
+         lamp: bool = False, durable: bool = True, threads: Optional[int] = None, key=None) -> None:
     """Writes a list of tensors: a JSON descriptor at ``path`` and a data file beside it.
 
     Atomic and durable: whenever the process dies, ``path`` loads either the
@@ -77,6 +90,10 @@ def save(path, tensors, *, metadata: Any = None, alignment: int = DEFAULT_ALIGNM
             order, no names, no metadata, no checksums.
         durable: fsync the data, the descriptor and the directory.
         threads: threads the save may use (default: usable cores, at most 8): one writes, the others checksum (all but two on a durable save).
+        key: encrypt the list (a ``tensorlist.Key`` or 32 bytes): tensor
+            values and metadata are sealed with AES-256-GCM, names, dtypes and
+            shapes stay readable and authenticated (docs/SECURITY.md). No
+            checksums are stored: every chunk's tag replaces them.
 
     Raises:
         TypeError: a value cannot be stored (object dtype, non-str name...).
@@ -90,9 +107,11 @@ def save(path, tensors, *, metadata: Any = None, alignment: int = DEFAULT_ALIGNM
         >>> tensorlist.load(path)["w"].shape
         (2, 3)
     """
+    key = check_key_use(key, lamp)
     if backends.is_remote(path):  # served by the registered URL backend (tensorlist.remote)
         return backends.dispatch("save", path)(path, tensors, metadata=metadata, alignment=alignment,
-                                                checksum=checksum, lamp=lamp, durable=durable, threads=threads)
+                                                checksum=checksum, lamp=lamp, durable=durable, threads=threads,
+                                                **({"key": key} if key is not None else {}))
     path = backends.localize(os.fspath(path))
     if lamp:
         alignment = MIN_TENSOR_ALIGNMENT
@@ -106,6 +125,13 @@ def save(path, tensors, *, metadata: Any = None, alignment: int = DEFAULT_ALIGNM
     commit = Commit(path, lamp=lamp, durable=durable)
     try:
         fd = commit.open_data()
+        if key is not None:
+            seal = Seal(key, threads)
+            offsets, length = seal.write_list(fd, items, 0, alignment, commit.data_tmp)
+            commit.finish_data()
+            commit.commit(descriptor_text(seal.list_descriptor(items, offsets, commit.data_name, 0, length,
+                                                               metadata), False))
+            return
         [(_, offsets, length, crcs)] = _write_lists(fd, [items], alignment, checksum, durable, threads,
                                                     commit.data_tmp, lamp)
         commit.finish_data()
@@ -155,10 +181,12 @@ class Writer(WriterBase):
 
     def __init__(self, path, *, metadata: Any = None, alignment: int = DEFAULT_ALIGNMENT,
                  checksum: bool = True, lamp: bool = False, durable: bool = True,
-                 threads: Optional[int] = None):
+                 threads: Optional[int] = None, key=None):
         path = backends.localize(os.fspath(path))
-        self._setup(os.path.abspath(path), metadata, alignment, checksum, lamp)
+        key = check_key_use(key, lamp)
+        self._setup(os.path.abspath(path), metadata, alignment, checksum and key is None, lamp)
         self.threads = threads
+        self._seal = Seal(key, threads) if key is not None else None
         self._commit = Commit(path, lamp=lamp, durable=durable)
         self._fd = self._commit.open_data()
 
@@ -167,6 +195,10 @@ class Writer(WriterBase):
         return self._commit.path
 
     def _write(self, item: Item, offset: int) -> Optional[int]:
+        if self._seal is not None:
+            self._seal.sealer.write(self._fd, [(len(self._book), le_bytes(item.array, item.swap), offset)],
+                                    self._commit.data_tmp)
+            return None
         crcs = lowlevel.write_items(self._fd, [item.array], [offset], [item.swap], self._book.end,
                                      offset + item.nbytes, crc=self.checksum, fsync=False, sparse=True,
                                      threads=self.threads, path=self._commit.data_tmp,
@@ -174,11 +206,26 @@ class Writer(WriterBase):
         return crcs[0] if crcs is not None else None
 
     def _reserve(self, shape, dt, nbytes: int, offset: int):
+        if self._seal is not None:  # private memory, sealed at close: no plaintext in the data file
+            return np.zeros(shape, dtype=dt.numpy), None
         lowlevel.preallocate(self._fd, offset + nbytes, self._commit.data_tmp)
         view, sync = lowlevel.map_writable(self._fd, offset, nbytes, self._commit.data_tmp)
         return np.frombuffer(view, dtype=dt.numpy).reshape(shape), sync
 
     def _finish(self, length: int, reserved) -> None:
+        if self._seal is not None:
+            self._seal.sealer.write(self._fd, [(idx, le_bytes(arr, 0), off) for idx, off, arr, _ in reserved if arr.size],
+                                    self._commit.data_tmp)
+            count = len(self._book)
+            for i in range(count):  # tensors with no sealed bytes yet: empty reserved ones
+                if i not in self._seal.sealer.tags:
+                    self._seal.sealer.write(self._fd, [(i, np.empty(0, np.uint8), 0)], self._commit.data_tmp)
+            length = self._seal.finish(self._fd, count, 0, length, self._commit.data_tmp)
+            self._commit.finish_data()
+            self._fd = None
+            self._commit.commit(descriptor_text(self._seal.descriptor(self._book.entries, self._commit.data_name, 0,
+                                                                      length, self.metadata), False))
+            return
         if length:
             lowlevel.preallocate(self._fd, length, self._commit.data_tmp)
         self._commit.finish_data()
@@ -209,7 +256,7 @@ class Tensors:
 
 def write_data(data_path, lists: Sequence, *, alignment: int = DEFAULT_ALIGNMENT, checksum: bool = True,
                lamp: bool = False, durable: bool = True, location: Optional[str] = None,
-               threads: Optional[int] = None) -> List[Dict[str, Any]]:
+               threads: Optional[int] = None, key=None) -> List[Dict[str, Any]]:
     """Writes several tensor lists into one data file and returns their descriptors.
 
     For documents the caller owns (as lamp's StateIO does): embed each
@@ -221,11 +268,13 @@ def write_data(data_path, lists: Sequence, *, alignment: int = DEFAULT_ALIGNMENT
         data_path: the data file to create (replaced atomically if it exists).
         lists: each a mapping, a sequence, or a :class:`Tensors` (with metadata).
         location: the ``location`` to record (default: the data file's name).
+        key: encrypt every list (see :func:`save`); each gets its own salt.
 
     Returns:
         One TensorList descriptor (a JSON-ready dict) per list, in order.
     """
     alignment = MIN_TENSOR_ALIGNMENT if lamp else check_alignment(alignment)
+    key = check_key_use(key, lamp)
     data_path = os.path.abspath(backends.localize(os.fspath(data_path)))
     prepared, metas = [], []
     for i, lst in enumerate(lists):
@@ -237,6 +286,9 @@ def write_data(data_path, lists: Sequence, *, alignment: int = DEFAULT_ALIGNMENT
     with atomic_file(data_path, durable) as tmp:
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
         try:
+            if key is not None:
+                return _sealed_lists(fd, prepared, metas, alignment, threads, tmp, key,
+                                     location if location is not None else os.path.basename(data_path))
             layout = _write_lists(fd, prepared, alignment, checksum, durable, threads, tmp, lamp)
         finally:
             os.close(fd)
@@ -248,12 +300,14 @@ def write_data(data_path, lists: Sequence, *, alignment: int = DEFAULT_ALIGNMENT
 
 
 def save_document(path, document: Any, *, alignment: int = DEFAULT_ALIGNMENT, checksum: bool = True,
-                  durable: bool = True, threads: Optional[int] = None) -> Any:
+                  durable: bool = True, threads: Optional[int] = None, key=None) -> Any:
     """Writes a JSON document in which :class:`Tensors` placeholders become TensorLists.
 
     All lists share one data file beside the document, at 4096-aligned
     offsets. The whole save is atomic, like :func:`save`. Read a list back
     with ``load(path, pointer=...)`` or everything with ``load_document``.
+    With ``key`` every list is encrypted (see :func:`save`); the rest of the
+    document stays plain JSON.
 
     Returns:
         The document as written (placeholders replaced by their descriptors).
@@ -268,14 +322,23 @@ def save_document(path, document: Any, *, alignment: int = DEFAULT_ALIGNMENT, ch
         4.0
     """
     check_alignment(alignment)
+    key = check_key_use(key, False)
     if backends.is_remote(path):
         return backends.dispatch("save_document", path)(path, document, alignment=alignment, checksum=checksum,
-                                                         durable=durable, threads=threads)
+                                                         durable=durable, threads=threads,
+                                                         **({"key": key} if key is not None else {}))
     path = backends.localize(os.fspath(path))
     found = document_lists(document, path)
     commit = Commit(path, lamp=False, durable=durable)
     try:
         fd = commit.open_data()
+        if key is not None:
+            descs = _sealed_lists(fd, [items for _, items, _ in found], [m for _, _, m in found], alignment,
+                                  threads, commit.data_tmp, key, commit.data_name)
+            commit.finish_data()
+            written, kept = document_with_descriptors(document, found, None, commit.data_name, descs)
+            commit.commit(dumps(written) + "\n", keep=kept)
+            return written
         placed = _write_lists(fd, [items for _, items, _ in found], alignment, checksum, durable, threads,
                               commit.data_tmp, False)
         commit.finish_data()
@@ -309,22 +372,27 @@ def document_lists(document: Any, where) -> List[Tuple[str, List[Item], Any]]:
             for p, t in walk(document) if isinstance(t, Tensors)]
 
 
-def document_with_descriptors(document: Any, found, placed, data_name: str) -> Tuple[Any, List[str]]:
+def document_with_descriptors(document: Any, found, placed, data_name: str,
+                              descriptors: Optional[List[Dict[str, Any]]] = None) -> Tuple[Any, List[str]]:
     """The document with each placeholder replaced by its descriptor, and the other lists' locations.
 
     Args:
         found: :func:`document_lists`' result.
         placed: ``[(list offset, tensor offsets, list length, crcs)]`` per list, as written.
         data_name: the data file's name (``location``).
+        descriptors: the lists' descriptors, already made (encrypted lists); then ``placed`` is unused.
 
     Returns:
         (the document to write, the locations of lists the caller embedded as
         descriptors: their data files must be kept).
     """
-    descs = {
-        p: descriptor(tensor_entries(items, offs, crcs, False), data_name, start, length, meta, False)
-        for (p, items, meta), (start, offs, length, crcs) in zip(found, placed)
-    }
+    if descriptors is not None:
+        descs = {p: d for (p, _, _), d in zip(found, descriptors)}
+    else:
+        descs = {
+            p: descriptor(tensor_entries(items, offs, crcs, False), data_name, start, length, meta, False)
+            for (p, items, meta), (start, offs, length, crcs) in zip(found, placed)
+        }
     written = _replace(document, "", descs)
     kept = [resolve_pointer(written, p)["location"] for p in find_tensor_lists(written) if p not in descs]
     return written, kept

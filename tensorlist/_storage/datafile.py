@@ -24,12 +24,12 @@ import enum
 import errno
 import operator
 import os
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from tensorlist._base import lowlevel
-from tensorlist.errors import ChecksumError, FormatError, UnsupportedDTypeError
+from tensorlist.errors import ChecksumError, EncryptionError, FormatError, UnsupportedDTypeError
 from tensorlist.format import ListDescriptor, TensorInfo, check_data_path, check_data_size, open_regular
 
 __all__ = ["ReadMode", "read_mode", "DataFile", "ListData", "open_list", "open_consistently", "check_crcs",
@@ -205,7 +205,15 @@ class DataFile:
 
 
 class ListData:
-    """The tensors of one list over its (possibly shared) :class:`DataFile`."""
+    """The tensors of one list over its (possibly shared) :class:`DataFile`.
+
+    An encrypted list is read only once :meth:`unlock` has checked its key:
+    its tensors are then decrypted into private memory whatever ``mode`` is
+    (``mode`` says how the ciphertext is read), and nothing of it is mapped.
+    """
+
+    #: The list's ``crypto.cipher.Opener`` once unlocked.
+    opener = None
 
     def __init__(self, desc: ListDescriptor, file: Optional[DataFile], mode, owns_file: bool = True):
         self.desc = desc
@@ -218,6 +226,43 @@ class ListData:
     @property
     def path(self) -> Optional[str]:
         return self.desc.data_path
+
+    def unlock(self, key) -> Any:
+        """Checks ``key`` against an encrypted list and decrypts its metadata (returned); a no-op otherwise.
+
+        Raises:
+            EncryptionError: the wrong key, or a descriptor altered since it was sealed.
+        """
+        if self.desc.encryption is None or key is None:
+            return self.desc.metadata
+        from tensorlist.crypto import as_key
+        from tensorlist.crypto.cipher import Opener
+        self.opener = Opener(self.desc.encryption, as_key(key), self.desc.file, self.desc.pointer)
+        return self.opener.metadata
+
+    def _decrypt(self, indices: Sequence[int], outs: Sequence[np.ndarray]) -> None:
+        if self.opener is None:
+            raise EncryptionError("the list is encrypted: pass key= (a tensorlist.Key or its 32 bytes) to read it",
+                                  file=self.desc.file)
+        desc = self.desc
+        base = desc.byte_offset
+
+        def read_into(dst, offset, index):
+            self.file.readinto(dst, base + offset, desc, index)
+
+        def read_tags(offset, n):
+            tags = np.empty(n, np.uint8)
+            self.file.readinto(tags, base + offset, desc)
+            return tags.tobytes()
+
+        self.opener.decrypt(desc.tensors, indices, outs, read_into, read_tags)
+
+    def _decrypted_region(self, indices: Sequence[int]) -> np.ndarray:
+        """The tensors ``indices`` decrypted into one buffer laid out as the list's region."""
+        table = self.desc.tensors
+        buf = lowlevel.alloc(self.desc.encryption.tags_offset)
+        self._decrypt(indices, [buf[table.offsets[i]:table.offsets[i] + table.lengths[i]] for i in indices])
+        return buf
 
     def array(self, info: TensorInfo) -> np.ndarray:
         return self.array_at(info.index)
@@ -241,6 +286,10 @@ class ListData:
                 a = np.empty(shape, dtype=dt)
                 a.flags.writeable = self.mode.writable
                 return a
+            if self.desc.encryption is not None:
+                out = lowlevel.alloc(length)
+                self._decrypt([i], [out])
+                return out.view(dt).reshape(shape)
             start = self.desc.byte_offset + table.offsets[i]
             if self.use_mmap:
                 return np.ndarray(shape, dt, self.file.mapped(), start)
@@ -258,6 +307,8 @@ class ListData:
         desc = self.desc
         if self.file is None:  # an empty region: no file was opened
             return views(np.empty(0, np.uint8), 0, desc, readonly=not self.mode.writable, bits=bits)
+        if desc.encryption is not None:
+            return views(self._decrypted_region(range(len(desc.tensors))), 0, desc, readonly=False, bits=bits)
         if self.use_mmap:
             return views(self.file.mapped(), desc.byte_offset, desc, readonly=not self.mode.writable, bits=bits)
         table = desc.tensors
@@ -278,14 +329,36 @@ class ListData:
         if self.closed:
             raise ValueError("I/O operation on a closed Reader")
         dst, start = region_target(self.desc, out, offset)
-        if len(dst):
-            self.file.readinto(dst, start, self.desc)
+        if not len(dst):
+            return
+        if self.desc.encryption is not None:  # the plaintext of the tensors in the range; padding reads as zeros
+            lo, hi = start - self.desc.byte_offset, start - self.desc.byte_offset + len(dst)
+            table = self.desc.tensors
+            inside = [i for i, (o, ln) in enumerate(zip(table.offsets, table.lengths)) if ln and o < hi and lo < o + ln]
+            dst[:] = 0
+            if inside:
+                buf = self._decrypted_region(inside)
+                for i in inside:
+                    s, e = max(lo, table.offsets[i]), min(hi, table.offsets[i] + table.lengths[i])
+                    dst[s - lo:e - lo] = buf[s:e]
+            return
+        self.file.readinto(dst, start, self.desc)
 
     def verify(self, infos: Sequence[TensorInfo]) -> int:
         """Checks the stored CRC32Cs of ``infos``; returns how many were checked.
 
-        The bytes are read as bit carriers: checking bfloat16/float8 needs no ml_dtypes.
+        The bytes are read as bit carriers: checking bfloat16/float8 needs no ml_dtypes. An encrypted
+        list checks every chunk's tag instead, in groups of at most 64 MiB.
         """
+        if self.desc.encryption is not None:
+            table, group, size = self.desc.tensors, [], 0
+            for t in infos:
+                group.append(t.index)
+                size += t.byte_length
+                if size >= 1 << 26 or t is infos[-1]:
+                    self._decrypt(group, [np.empty(table.lengths[i], np.uint8) for i in group])
+                    group, size = [], 0
+            return len(infos)
         infos = [t for t in infos if t.crc32c is not None]
         return check_crcs(infos, [self.array_at(t.index, bits=True) for t in infos], self.desc.file)
 

@@ -23,6 +23,7 @@ import tensorlist as tl
 from tensorlist._base import dtypes
 from tensorlist._base import lowlevel
 from tensorlist import format as fmt
+from tensorlist.crypto import spec
 from tensorlist._core import lib
 from tensorlist._base.jsonio import loads_strict
 from tensorlist.schema import load_schema, schema_validator
@@ -175,8 +176,10 @@ CASES = [
     Case("list-overflow", _all(_set("byteOffset", 2**63 - 4096), _set("byteLength", 8192)),
          "byteOffset \\+ byteLength overflows 64 bits", "byteLength"),
     # format version
-    Case("formatVersion-2", _set("formatVersion", 2), "unsupported format version 2", "formatVersion",
-         v_match="2 is greater than the maximum of 1"),
+    Case("formatVersion-3", _set("formatVersion", 3), "unsupported format version 3", "formatVersion",
+         v_match="3 is greater than the maximum of 2"),
+    Case("formatVersion-2", _set("formatVersion", 2), "an encrypted list has formatVersion 2", "formatVersion",
+         v_match="'encryption' is a required property", v_field="encryption"),
     Case("formatVersion-0", _set("formatVersion", 0), "unsupported format version 0", "formatVersion",
          v_match="0 is less than the minimum of 1"),
     Case("formatVersion-string", _set("formatVersion", "1"), "unsupported format version '1'", "formatVersion",
@@ -567,6 +570,7 @@ BAD = [
     ("byteLength-too-big", _lst(byteLength=2**63)),
     ("formatVersion-0", _lst(formatVersion=0)),
     ("formatVersion-2", _lst(formatVersion=2)),
+    ("formatVersion-3", _lst(formatVersion=3)),
     ("formatVersion-string", _lst(formatVersion="1")),
     ("formatVersion-bool", _lst(formatVersion=True)),
     ("formatVersion-null", _lst(formatVersion=None)),
@@ -668,7 +672,12 @@ def test_schema_numbers_equal_the_format_constants():
               tprops["dims"]["items"]):
         assert p["maximum"] == fmt.MAX_INT and p["minimum"] == 0
     assert tprops["crc32c"]["maximum"] == 2**32 - 1
-    assert props["formatVersion"]["maximum"] == fmt.FORMAT_VERSION
+    assert props["formatVersion"]["maximum"] == fmt.ENCRYPTED_VERSION
+    enc = s["$defs"]["encryption"]["properties"]
+    assert (enc["chunkBytes"]["minimum"], enc["chunkBytes"]["maximum"]) == (spec.MIN_CHUNK, spec.MAX_CHUNK)
+    assert enc["scheme"]["const"] == spec.SCHEME
+    for name, (lo, hi) in spec.KDF_LIMITS.items():
+        assert (enc["kdf"]["properties"][name]["minimum"], enc["kdf"]["properties"][name]["maximum"]) == (lo, hi)
     assert f"/{fmt.FORMAT_VERSION}/" in s["$id"]
     assert set(s["required"]) == {"location", "byteOffset", "byteLength"}
     assert set(s["$defs"]["tensor"]["required"]) == {"dataType", "byteOffset", "byteLength"}
