@@ -352,10 +352,11 @@ class ListData:
         """
         if self.desc.encryption is not None:
             table, group, size = self.desc.tensors, [], 0
-            for t in infos:
+            infos = list(infos)
+            for n, t in enumerate(infos, 1):
                 group.append(t.index)
                 size += t.byte_length
-                if size >= 1 << 26 or t is infos[-1]:
+                if size >= 1 << 26 or n == len(infos):
                     self._decrypt(group, [np.empty(table.lengths[i], np.uint8) for i in group])
                     group, size = [], 0
             return len(infos)
