@@ -214,3 +214,18 @@ def test_fresh_children_run_the_package_compiled_as_installed(monkeypatch):
     assert out.returncode == 0, out.stderr
     cached, dont_write = out.stdout.split()
     assert cached.startswith(os.path.join(ROOT, "tensorlist")) and os.path.exists(cached) and dont_write == "False"
+
+
+def test_bench_crypto_runs_and_prints_its_targets(tmp_path):
+    """The encryption benchmark end to end on 8 MiB; tensorizer's rows say n/a where it is not installed."""
+    pytest.importorskip("cryptography", reason="encrypted lists need the crypto extra")
+    pytest.importorskip("ml_dtypes")
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "bench_crypto.py"), "--mib", "8",
+                           "--repeat", "1", "--dir", str(tmp_path)], capture_output=True, text=True, timeout=600,
+                          cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for row in ("tensorlist.load(key=)", "tensorlist.save, plain", "encrypted load vs tensorizer's (>= 2):",
+                "encrypted load time / plain load time (<= 1.25):", "encrypted save speed / plain save speed"):
+        assert row in proc.stdout, proc.stdout
+    assert re.search(r"plain load time \(<= 1\.25\):\s+\d+\.\d\d", proc.stdout), proc.stdout
+    assert not [p for p in os.listdir(tmp_path) if p.startswith("tensorlist-cryptobench-")]
