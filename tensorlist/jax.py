@@ -139,7 +139,7 @@ _tree.register(_tree.NodeType(
 
 
 def save(path, tree: Any, *, metadata: Any = None, sharded: bool = False, alignment: int = DEFAULT_ALIGNMENT,
-         checksum: bool = True, durable: bool = True) -> None:
+         checksum: bool = True, durable: bool = True, key=None) -> None:
     """Saves a pytree of arrays: one tensor per leaf, the structure in the metadata.
 
     Atomic and durable as :func:`tensorlist.save`. Leaves on a CPU device are
@@ -159,6 +159,8 @@ def save(path, tree: Any, *, metadata: Any = None, sharded: bool = False, alignm
             shards (replica 0 only): needed for arrays sharded across processes.
         alignment, checksum, durable: as :func:`tensorlist.save` (keep the
             64-byte default or a multiple: jax aliases 64-byte aligned buffers).
+        key: encrypt the file (as :func:`tensorlist.save`; ``load`` takes
+            ``key=`` too); a ``sharded=True`` directory is not encrypted yet.
 
     Raises:
         TypeError: a leaf that is not an array (a string), a dtype tensorlist
@@ -178,6 +180,8 @@ def save(path, tree: Any, *, metadata: Any = None, sharded: bool = False, alignm
     spec, leaves = _tree.encode(tree, other=_pytree_node, key_impl=key_impl)
     leaves = [(name, key_data(v) if key_impl(v) is not None else v) for name, v in leaves]
     header = _tree.make_header(spec, metadata)
+    if sharded and key is not None:
+        raise ValueError(f"{path}: sharded=True checkpoints cannot be encrypted yet: save a single file with key=")
     if sharded:
         arrays = {name: v if is_array(v) else put(to_numpy(v, name), None, name) for name, v in leaves}
         jax_shards.save_dir(path, arrays, header, alignment=alignment, checksum=checksum, durable=durable)
@@ -187,7 +191,7 @@ def save(path, tree: Any, *, metadata: Any = None, sharded: bool = False, alignm
             raise ValueError(f"tensor {name!r} is sharded across processes: a single file cannot hold it; "
                              "save the tree with tensorlist.jax.save(path, tree, sharded=True)")
     arrays = {name: to_numpy(v, name) for name, v in leaves}
-    writer.save(path, arrays, metadata=header, alignment=alignment, checksum=checksum, durable=durable)
+    writer.save(path, arrays, metadata=header, alignment=alignment, checksum=checksum, durable=durable, key=key)
 
 
 def load(path, *, sharding: Any = None, device: Any = None, mmap: bool = True, verify: bool = False,
@@ -267,6 +271,7 @@ def load(path, *, sharding: Any = None, device: Any = None, mmap: bool = True, v
                              f"downcast= and cast= only, not {sorted(kwargs)}")
         return _load_dir(path, sharding, device, mmap, verify, downcast, cast)
     with reader.Reader(path, mmap=mmap, **kwargs) as r:
+        r.require_key()
         header = _tree.tree_header(r.descriptor.metadata, file=r.path)
         if header is None:
             raise FormatError(f"not a tensorlist.jax tree file (its metadata has no format {JAX_TREE_FORMAT!r}): "

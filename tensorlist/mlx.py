@@ -25,7 +25,7 @@ __all__ = ["save", "load", "to_numpy", "from_numpy", "mlx_dtype"]
 
 
 def save(path, tensors: Mapping[str, Any], *, metadata: Any = None, alignment: int = DEFAULT_ALIGNMENT,
-         checksum: bool = True, durable: bool = True, threads: Optional[int] = None) -> None:
+         checksum: bool = True, durable: bool = True, threads: Optional[int] = None, key=None) -> None:
     """Writes a dict of MLX arrays as a TensorList (atomic and durable, as ``tensorlist.save``).
 
     Lazy arrays are evaluated; each array's buffer is then written in place
@@ -35,7 +35,7 @@ def save(path, tensors: Mapping[str, Any], *, metadata: Any = None, alignment: i
         path: where the descriptor goes (the data file goes beside it).
         tensors: a mapping name -> ``mlx.core.array``.
         metadata: any JSON value, stored as the list's ``metadata``.
-        alignment, checksum, durable, threads: as ``tensorlist.save``.
+        alignment, checksum, durable, threads, key: as ``tensorlist.save`` (``load`` takes ``key=`` too).
 
     Raises:
         TypeError: a value is not an ``mlx.core.array`` (naming the tensor).
@@ -48,7 +48,7 @@ def save(path, tensors: Mapping[str, Any], *, metadata: Any = None, alignment: i
         mlx.core.bfloat16
     """
     writer.save(path, state_to_numpy(tensors), metadata=metadata, alignment=alignment, checksum=checksum,
-                durable=durable, threads=threads)
+                durable=durable, threads=threads, key=key)
 
 
 def load(path, *, mmap: bool = True, verify: bool = False, pointer: Optional[str] = None,

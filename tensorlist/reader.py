@@ -175,6 +175,14 @@ class Reader(TensorMapping):
         """Whether the list is encrypted (its metadata reads as None until opened with its key)."""
         return self.descriptor.encryption is not None
 
+    def require_key(self) -> None:
+        """Raises ``EncryptionError`` naming the file if the list is encrypted and was opened without its key.
+
+        For readers of the metadata, which reads as None until the key opens it.
+        """
+        if self._data is not None:
+            self._data.require_key()
+
     def _read_descriptor(self, pointer, allow_outside) -> ListDescriptor:
         doc = read_json_file(self.path, self._limits, fast=True)
         obj, ptr = select_list(doc, pointer, self.path)

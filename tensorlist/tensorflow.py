@@ -25,7 +25,7 @@ __all__ = ["save", "load", "to_numpy", "from_numpy", "tf_dtype", "address"]
 
 
 def save(path, tensors: Mapping[str, Any], *, metadata: Any = None, alignment: int = DEFAULT_ALIGNMENT,
-         checksum: bool = True, durable: bool = True, threads: Optional[int] = None) -> None:
+         checksum: bool = True, durable: bool = True, threads: Optional[int] = None, key=None) -> None:
     """Writes a dict of ``tf.Tensor``/``tf.Variable`` as a TensorList (atomic and durable, as ``tensorlist.save``).
 
     CPU tensors are written from their own buffers (zero-copy, bfloat16
@@ -36,7 +36,7 @@ def save(path, tensors: Mapping[str, Any], *, metadata: Any = None, alignment: i
         path: where the descriptor goes (the data file goes beside it).
         tensors: a mapping name -> ``tf.Tensor`` or ``tf.Variable``.
         metadata: any JSON value, stored as the list's ``metadata``.
-        alignment, checksum, durable, threads: as ``tensorlist.save``.
+        alignment, checksum, durable, threads, key: as ``tensorlist.save`` (``load`` takes ``key=`` too).
 
     Raises:
         TypeError: a value is not a dense tensor (``tf.SparseTensor``,
@@ -52,7 +52,7 @@ def save(path, tensors: Mapping[str, Any], *, metadata: Any = None, alignment: i
         ('bfloat16', 7)
     """
     writer.save(path, state_to_numpy(tensors), metadata=metadata, alignment=alignment, checksum=checksum,
-                durable=durable, threads=threads)
+                durable=durable, threads=threads, key=key)
 
 
 def load(path, *, mmap: Union[bool, str] = True, verify: bool = False, pointer: Optional[str] = None,

@@ -240,10 +240,14 @@ class ListData:
         self.opener = Opener(self.desc.encryption, as_key(key), self.desc.file, self.desc.pointer)
         return self.opener.metadata
 
-    def _decrypt(self, indices: Sequence[int], outs: Sequence[np.ndarray]) -> None:
-        if self.opener is None:
+    def require_key(self) -> None:
+        """Raises the one ``EncryptionError`` for an encrypted list not unlocked with its key."""
+        if self.desc.encryption is not None and self.opener is None:
             raise EncryptionError("the list is encrypted: pass key= (a tensorlist.Key or its 32 bytes) to read it",
                                   file=self.desc.file)
+
+    def _decrypt(self, indices: Sequence[int], outs: Sequence[np.ndarray]) -> None:
+        self.require_key()
         desc = self.desc
         base = desc.byte_offset
 
