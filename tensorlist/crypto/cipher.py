@@ -11,6 +11,7 @@ releases the GIL), each worker through its own chunk-sized scratch buffer.
 """
 from __future__ import annotations
 
+import hmac
 import os
 import struct
 from concurrent.futures import ThreadPoolExecutor
@@ -21,6 +22,7 @@ import numpy as np
 from tensorlist.crypto.keys import Key
 from tensorlist.crypto.spec import (DEFAULT_CHUNK, KEY_CHECK_BYTES, SALT_BYTES, SCHEME, TAG_BYTES, Encryption, b64,
                                     chunk_count)
+from tensorlist._base.jsonio import loads_strict
 from tensorlist.errors import EncryptionError
 
 __all__ = ["Sealer", "Opener", "nonce", "default_threads"]
@@ -32,6 +34,7 @@ _AAD = (b"\x00", b"\x01")  # a chunk, a tensor's last chunk
 HEADER_AAD = b"\x02"
 
 _pool: Optional[ThreadPoolExecutor] = None
+_pool_size = 0
 
 
 def default_threads() -> int:
@@ -45,13 +48,14 @@ def default_threads() -> int:
 def _run(jobs: Sequence[Any], work: Callable[[Sequence[Any], np.ndarray], None], threads: Optional[int],
          scratch: int) -> None:
     """Runs ``work(group, scratch)`` over ``threads`` contiguous groups of ``jobs``; re-raises the first error."""
-    global _pool
+    global _pool, _pool_size
     n = max(1, min(threads or default_threads(), len(jobs)))
     if n == 1:
         work(jobs, np.empty(scratch, np.uint8))
         return
-    if _pool is None or _pool._max_workers < n:  # noqa: SLF001 - grow the shared pool
-        _pool = ThreadPoolExecutor(max_workers=max(n, default_threads()), thread_name_prefix="tensorlist-aead")
+    if _pool is None or _pool_size < n:  # one shared pool, grown when a call asks for more threads
+        _pool_size = max(n, default_threads())
+        _pool = ThreadPoolExecutor(max_workers=_pool_size, thread_name_prefix="tensorlist-aead")
     step = -(-len(jobs) // n)
     futures = [_pool.submit(work, jobs[k:k + step], np.empty(scratch, np.uint8)) for k in range(0, len(jobs), step)]
     errors = [f.exception() for f in futures]
@@ -155,7 +159,6 @@ class Opener:
         self.file = file
         self._field = f"{pointer}/encryption" if pointer else "encryption"
         file_key, check = _derive(key.material(enc.kdf), enc.salt)
-        import hmac
         if not hmac.compare_digest(check, enc.key_check):
             raise EncryptionError("the key does not open this file (it was encrypted with another key)", file=file)
         self._aead = _aead(file_key)
@@ -166,7 +169,6 @@ class Opener:
         except InvalidTag:
             raise EncryptionError("the descriptor was altered after it was sealed (names, dims, dtypes, offsets or "
                                   "metadata fail authentication)", file=file, field=self._field) from None
-        from tensorlist._base.jsonio import loads_strict
         self.metadata = loads_strict(text, file=file)
         self._tags: Optional[bytes] = None
 
