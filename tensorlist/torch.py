@@ -20,6 +20,7 @@ import os
 import warnings
 from typing import Dict, List, Mapping, NamedTuple, Optional, Tuple
 
+import numpy as np
 import torch
 
 from tensorlist._base import dtypes as _dtypes
@@ -134,7 +135,8 @@ def save_module_state(path, module, *, training: Optional[Mapping] = None,
             Give both or neither.
         metadata: other metadata keys (a mapping: in a model file they sit
             beside the records' keys; a list or a string is a TypeError).
-        **save_options: passed to ``tensorlist.save``.
+        **save_options: passed to ``tensorlist.save`` (``key=`` encrypts the
+            file, the records in its metadata included).
 
     Example:
         >>> import torch, tempfile, os, tensorlist.torch as tt
@@ -161,7 +163,7 @@ def save_module_state(path, module, *, training: Optional[Mapping] = None,
 
 
 def load_state(path, *, device=None, pointer: Optional[str] = None, mmap=True,
-               verify: bool = False) -> Dict[str, torch.Tensor]:
+               verify: bool = False, key=None) -> Dict[str, torch.Tensor]:
     """A TensorList as a dict of torch tensors.
 
     On CPU (``device`` None or ``"cpu"``) the tensors share the file's memory
@@ -172,14 +174,16 @@ def load_state(path, *, device=None, pointer: Optional[str] = None, mmap=True,
     an accelerator (``"cuda"``...) the file is read once, in chunks, into
     pinned staging buffers and copied to the device on a side stream while
     the next chunk is read (see :func:`load`); ``verify`` then
-    checks the CRC32Cs on the staged bytes.
+    checks the CRC32Cs on the staged bytes. ``key`` opens an encrypted
+    file (a ``tensorlist.Key`` or its 32 bytes): its tensors are decrypted
+    into private memory, whatever ``mmap`` says.
     """
     if device is None or (isinstance(device, str) and device == "cpu"):
         # the CPU path of load(): the mapping, without the staging ring
         from tensorlist import reader
 
-        return from_numpy_all(reader.load(path, pointer=pointer, mmap=mmap, verify=verify, bits=True))
-    return load(path, device, pointer=pointer, mmap=mmap, verify=verify)
+        return from_numpy_all(reader.load(path, pointer=pointer, mmap=mmap, verify=verify, bits=True, key=key))
+    return load(path, device, pointer=pointer, mmap=mmap, verify=verify, key=key)
 
 
 def match_state(expected: Mapping, given: Mapping) -> LoadResult:
@@ -218,7 +222,7 @@ def _staged(t: torch.Tensor) -> bool:
 
 
 def load_module_state(path, module: torch.nn.Module, *, strict: bool = True, device=None,
-                      pointer: Optional[str] = None) -> LoadResult:
+                      pointer: Optional[str] = None, key=None) -> LoadResult:
     """Loads parameters and buffers from a TensorList into ``module`` (BigDL's ``loadWeights``).
 
     Strict (the default, BigDL's ``matchAll=true``): every name must match in
@@ -235,7 +239,9 @@ def load_module_state(path, module: torch.nn.Module, *, strict: bool = True, dev
     straight into each parameter of the stored dtype (others get a staged
     copy, then a cast on the device). ``device`` moves the module first. A
     data file truncated by another process while it is read raises
-    FormatError and may leave the module partly loaded.
+    FormatError and may leave the module partly loaded. ``key`` opens an
+    encrypted file (without it, or with another, ``EncryptionError`` naming
+    the file, before the module is touched).
 
     Raises:
         KeyError: strict and names differ (both lists in the message).
@@ -243,7 +249,7 @@ def load_module_state(path, module: torch.nn.Module, *, strict: bool = True, dev
     """
     if device is not None:
         module.to(device)
-    file_state = load_state(path, pointer=pointer)
+    file_state = load_state(path, pointer=pointer, key=key)
     own = module.state_dict(keep_vars=True)
     result = match_state(own, file_state)
     if strict and (result.missing or result.unexpected):
@@ -261,7 +267,7 @@ def load_module_state(path, module: torch.nn.Module, *, strict: bool = True, dev
         if on_device:
             from tensorlist.reader import Reader
 
-            with Reader(path, pointer=pointer, mmap=False) as r:
+            with Reader(path, pointer=pointer, mmap=False, key=key) as r:
                 for dev, names in on_device.items():
                     direct = {n: own[n] for n in names
                               if own[n].dtype == file_state[n].dtype and own[n].is_contiguous()}
@@ -362,6 +368,8 @@ def save_optimizer_state(path, optimizer, *, training: Optional[Mapping] = None,
 
     The training record and data record, when given, go into the metadata
     next to the optimizer's JSON part (under ``training``/``dataset_params``).
+    ``key=`` (in ``save_options``, as for ``tensorlist.save``) encrypts the
+    file, its metadata included.
     """
     sd = optimizer.state_dict() if hasattr(optimizer, "state_dict") else optimizer
     tensors, meta = optimizer_state_parts(sd)
@@ -382,16 +390,18 @@ def save_optimizer_state(path, optimizer, *, training: Optional[Mapping] = None,
 
 
 def load_optimizer_state(path, optimizer=None, *, device=None, pointer: Optional[str] = None,
-                         restore: bool = True) -> dict:
+                         restore: bool = True, key=None) -> dict:
     """Reads an optimizer state file; loads it into ``optimizer`` when given.
 
     ``optimizer.load_state_dict`` copies and casts the tensors to its
     parameters' devices; the returned state_dict's tensors are zero-copy
     views of the file on CPU (or copies on ``device``). With ``restore=False``
     the state is checked against ``optimizer`` but not loaded (a caller
-    checking several states before restoring any).
+    checking several states before restoring any). ``key`` opens an
+    encrypted file.
 
     Raises:
+        EncryptionError: an encrypted file opened without its key or with another.
         FormatError: the file is not an optimizer state, or its metadata is
             of the wrong structure or JSON types (naming the file and field).
         ValueError: it does not fit the optimizer (another class, other groups
@@ -399,7 +409,8 @@ def load_optimizer_state(path, optimizer=None, *, device=None, pointer: Optional
     """
     from tensorlist.reader import Reader
 
-    with Reader(path, pointer=pointer) as r:
+    with Reader(path, pointer=pointer, key=key) as r:
+        r.require_key()  # an encrypted file's metadata reads as None until its key opens it
         meta = r.metadata
     meta = meta.get("optimizer") if isinstance(meta, Mapping) else None
     if meta is None:
@@ -409,7 +420,7 @@ def load_optimizer_state(path, optimizer=None, *, device=None, pointer: Optional
     # load_state_dict keeps tensors that already have the right dtype and
     # device, and the optimizer then updates them in place, which a read-only
     # mapping would not survive
-    tensors = load_state(path, device=device, pointer=pointer, mmap=False)
+    tensors = load_state(path, device=device, pointer=pointer, mmap=False, key=key)
     sd = optimizer_state_from_parts(tensors, meta, file=os.fspath(path))
     if optimizer is not None:
         check_optimizer_state(optimizer, sd, where=os.fspath(path))
@@ -608,11 +619,8 @@ def load_into_device(r, device, *, keys=None, into: Optional[Mapping[str, torch.
         out[key] = dst
         if table.lengths[i]:
             flat[i] = dst.detach().reshape(-1).view(torch.uint8)
-    if not _dtypes.NATIVE_LITTLE:  # the stored bytes are little-endian: let numpy swap them
-        arrays = r.get_many([all_keys[i] for i in flat])
-        with torch.no_grad():
-            for i, a in zip(flat, arrays.values()):
-                out[all_keys[i]].copy_(from_numpy(a))
+    if not _dtypes.NATIVE_LITTLE or getattr(r, "encrypted", False):
+        _copy_arrays(r, {all_keys[i]: flat[i] for i in flat}, out)
         return out
     offsets = table.offsets
     chunks = plan_chunks([offsets[i] if i in flat else 0 for i in range(len(table))],
@@ -625,6 +633,27 @@ def load_into_device(r, device, *, keys=None, into: Optional[Mapping[str, torch.
                                 file=r.path, tensor_index=i, tensor_name=table.names[i] if table.names else None,
                                 field="crc32c")
     return out
+
+
+def _copy_arrays(r, flat: Dict[str, torch.Tensor], out: Dict[str, torch.Tensor]) -> None:
+    """Fills the tensors ``flat`` (key -> the destination's bytes) as the reader gives them, not by region chunks.
+
+    For the lists whose region bytes are not the tensors' bytes: on a
+    big-endian host (the stored bytes are little-endian: numpy swaps them),
+    and in an encrypted list, whose reader decrypts each tensor once, into
+    private memory, one tensor at a time (a chunk of the region would cut a
+    tensor, and each read of a part decrypts it whole).
+    """
+    with torch.no_grad():
+        if not getattr(r, "encrypted", False):
+            for k, a in r.get_many(list(flat)).items():
+                out[k].copy_(from_numpy(a))
+        elif _dtypes.NATIVE_LITTLE:
+            for k, dst in flat.items():  # the bytes as stored: any dtype, bit carriers or not
+                dst.copy_(torch.from_numpy(r[k].reshape(-1).view(np.uint8)))
+        else:
+            for k in flat:
+                out[k].copy_(from_numpy(r[k]))
 
 
 class Ring:
@@ -707,7 +736,9 @@ def load(path, device, *, pointer: Optional[str] = None, mmap=True, verify: bool
     or, with ``mmap="copy"``, share a copy-on-write mapping (writable; the
     file never changes), or with ``mmap=False`` live in one private, writable
     read. On any other device the list goes through the staging ring of
-    :func:`load_into_device` (any ``mmap`` reads the same way there).
+    :func:`load_into_device` (any ``mmap`` reads the same way there), or, for
+    an encrypted list (``key=``), tensor by tensor as the reader decrypts them
+    (every chunk's tag checked: ``verify`` adds nothing).
     """
     from tensorlist import reader  # on the first load, not at import
 
@@ -719,7 +750,7 @@ def load(path, device, *, pointer: Optional[str] = None, mmap=True, verify: bool
         arrays = reader.load(path, pointer=pointer, mmap=mmap, verify=verify, bits=True, **reader_options)
         return from_numpy_all(arrays)
     with reader.open(path, pointer=pointer, mmap=False, **reader_options) as r:
-        if verify and len(r) and (r.descriptor.tensors.crcs is None
+        if verify and len(r) and not r.encrypted and (r.descriptor.tensors.crcs is None
                                   or all(c is None for c in r.descriptor.tensors.crcs)):
             warnings.warn(f"{r.path}: verify=True but the file stores no checksums", stacklevel=3)
         return load_into_device(r, device, verify=verify, chunk_bytes=chunk_bytes, buffers=buffers)

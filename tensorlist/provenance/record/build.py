@@ -24,6 +24,7 @@ from typing import Any, List, Optional
 import numpy as np
 
 from tensorlist._base import backends
+from tensorlist.crypto.keys import as_key
 from tensorlist.provenance.record._common import copy_json, int_or_none, is_torch_tensor, loaded_torch, name_of, warn, warn_unimportable
 from tensorlist.provenance.record.core import FORMAT, WEIGHTS_KINDS, TrainingRecord, check_strict_json, history, validate_training_record
 from tensorlist.provenance.record.hash import resolve_paths, weights_sha256
@@ -462,7 +463,10 @@ class TrainingRecorder:
         recorder.save("final.json", model, dataset_params=data)
 
     ``signing_key=`` (an EC private key, PEM path or ``cryptography`` key)
-    signs each file :meth:`save` writes (docs/PROVENANCE.md).
+    signs each file :meth:`save` writes (docs/PROVENANCE.md);
+    ``encryption_key=`` (a ``tensorlist.Key`` or 32 bytes) encrypts each,
+    the record in its metadata sealed with the weights, and opens the file
+    :meth:`resume` reads a record from.
     """
 
     def __init__(
@@ -482,6 +486,7 @@ class TrainingRecorder:
         solver=None,
         solver_params: Optional[Mapping] = None,
         signing_key=None,
+        encryption_key=None,
     ) -> None:
         if validation_mode not in ("min", "max"):
             raise ValueError(f"validation_mode must be 'min' or 'max', got {validation_mode!r}")
@@ -499,6 +504,7 @@ class TrainingRecorder:
         self.solver = solver
         self.solver_params = dict(solver_params or {})
         self.signing_key = signing_key  # each save signed with it (tensorlist.provenance.signing.sign_saved)
+        self.encryption_key = as_key(encryption_key)  # each save encrypted with it
         self.training_loss: List[Optional[float]] = []
         self.validation_values: List[Optional[float]] = []
         self.learning_rates: List[Any] = []
@@ -546,7 +552,7 @@ class TrainingRecorder:
         """
         if directory is None and isinstance(record, (str, os.PathLike)):
             directory = os.path.dirname(os.fsdecode(record))
-        record = read_training_record(record)
+        record = read_training_record(record, key=self.encryption_key)
         if directory is not None:
             record = resolve_paths(record, directory)
         self.training_loss = list(record["history"]["training_loss"])
@@ -595,8 +601,10 @@ class TrainingRecorder:
         """Saves a model file of ``weights`` with this run's record; returns the record saved.
 
         With the recorder's ``signing_key``, the file is then signed: ``path + ".sig"`` and
-        ``path + ".provenance.json"`` (docs/PROVENANCE.md).
+        ``path + ".provenance.json"`` (docs/PROVENANCE.md); with its ``encryption_key``, it is encrypted.
         """
+        if self.encryption_key is not None:
+            save_options.setdefault("key", self.encryption_key)
         if self.signing_key is None:
             return save_model_file(path, weights, training=self.record(kind, epoch=epoch),
                                    dataset_params=dataset_params, **save_options)

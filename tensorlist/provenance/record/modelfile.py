@@ -44,23 +44,33 @@ def _with_hints(read, *, file=None) -> Any:
         raise
 
 
-def _source_value(source) -> Tuple[Any, Optional[str], bool]:
-    """(the document, its file, whether it was parsed here: no one else holds it, so it needs no copy)."""
+def _source_value(source, key=None) -> Tuple[Any, Optional[str], bool]:
+    """(the document, its file, whether it was parsed here: no one else holds it, so it needs no copy).
+
+    An encrypted model file's metadata is sealed: ``key`` opens it (the one
+    place a record is read from a file), else ``EncryptionError`` naming the file.
+    """
     if isinstance(source, (str, os.PathLike)):
         path = os.fsdecode(source)
-        return _with_hints(lambda: read_json_file(path, Limits()), file=path), path, True
+        doc = _with_hints(lambda: read_json_file(path, Limits()), file=path)
+        if isinstance(doc, Mapping) and "encryption" in doc:
+            with reader.Reader(path, key=key) as r:
+                r.require_key()
+                doc = dict(doc, metadata=r.metadata)
+        return doc, path, True
     if isinstance(source, (bytes, bytearray, memoryview)):
         return _with_hints(lambda: read_json_bytes(bytes(source), limits=Limits())), None, True
     return source, None, False
 
 
-def read_training_record(source) -> TrainingRecord:
+def read_training_record(source, *, key=None) -> TrainingRecord:
     """The training record in ``source``, validated.
 
     ``source`` is a record; a mapping holding one under ``training`` (a model
     file's metadata); a model file's descriptor (its ``metadata.training``);
     JSON text as bytes; or the path of a JSON file holding any of these (a
     model file included), read capped at ``Limits().max_descriptor_bytes``.
+    ``key`` opens an encrypted model file (its metadata is sealed).
 
     Returns:
         A :class:`TrainingRecord` (a deep copy).
@@ -75,7 +85,7 @@ def read_training_record(source) -> TrainingRecord:
     if isinstance(source, TrainingRecord):
         value, file, parsed = source, None, False
     else:
-        value, file, parsed = _source_value(source)
+        value, file, parsed = _source_value(source, key)
     if not isinstance(value, Mapping):
         if file is not None:
             raise FormatError(f"holds a JSON {type(value).__name__}, not an object with a training record", file=file)
@@ -98,13 +108,15 @@ def read_training_record(source) -> TrainingRecord:
     return TrainingRecord(record if parsed else copy_json(record))
 
 
-def read_dataset_params(source) -> dict:
+def read_dataset_params(source, *, key=None) -> dict:
     """The data record in ``source`` (a model file, its metadata, or a bare record), validated.
+
+    ``key`` opens an encrypted model file.
 
     Raises:
         FormatError: not strict JSON, or an invalid record (naming the field).
     """
-    value, file, parsed = _source_value(source)
+    value, file, parsed = _source_value(source, key)
     if not isinstance(value, Mapping):
         if file is not None:
             raise FormatError(f"holds a JSON {type(value).__name__}, not an object", file=file)
@@ -140,7 +152,9 @@ def save_model_file(path, weights, *, training: Mapping, dataset_params: Mapping
         training: the training record (not modified; a copy is saved).
         dataset_params: the training data's record.
         metadata: other metadata keys (not ``training``/``dataset_params``).
-        **save_options: passed to ``tensorlist.save`` (``alignment``, ``checksum``...).
+        **save_options: passed to ``tensorlist.save`` (``alignment``, ``checksum``...);
+            ``key=`` encrypts the file: the weights and the metadata, both
+            records included, are then sealed with it.
 
     Returns:
         The record as saved (with ``weights.sha256``).
@@ -178,23 +192,26 @@ def save_model_file(path, weights, *, training: Mapping, dataset_params: Mapping
     return record
 
 
-def verify_model_file(path, *, pointer: Optional[str] = None) -> TrainingRecord:
+def verify_model_file(path, *, pointer: Optional[str] = None, key=None) -> TrainingRecord:
     """Checks a model file for an auditor; returns its training record.
 
     Validates the file (``tensorlist.validate``), its training and data
     records, and that the record's ``weights.sha256`` is the hash of the
     weights the file holds: its one tensor list, or in a document of several
     (a Lightning checkpoint: ``pointer="/state_dict"``) the list at ``pointer``.
+    ``key`` opens an encrypted model file (every chunk's tag is checked too).
 
     Raises:
         FormatError: the first problem found, naming the field.
+        EncryptionError: an encrypted file without its key or with another.
     """
-    validate(path)
-    record = read_training_record(path)
-    read_dataset_params(path)
+    validate(path, key=key)
+    record = read_training_record(path, key=key)
+    read_dataset_params(path, key=key)
     given = record["weights"]["sha256"]
     if given is not None:
-        actual = weights_sha256(path if pointer is None else reader.load(path, pointer=pointer, bits=True))
+        plain = pointer is None and key is None
+        actual = weights_sha256(path if plain else reader.load(path, pointer=pointer, bits=True, key=key))
         if actual != given:
             raise FormatError(
                 f"is {given!r} but the file's weights hash to {actual!r}: the weights were changed after saving",
