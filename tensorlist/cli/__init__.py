@@ -18,7 +18,7 @@ from tensorlist import __version__
 from tensorlist._base import backends
 from tensorlist._base import dtypes as _dtypes
 from tensorlist.cli import provenance as _provenance_cli
-from tensorlist.cli import sign as _sign_cli
+from tensorlist.cli import crypto as _crypto_cli, sign as _sign_cli
 from tensorlist.cli.messages import print_error, problem
 from tensorlist._base import tree as _tree
 from tensorlist._base.terminal import EscapingStream, column, pad
@@ -74,8 +74,8 @@ def _human(n: int) -> str:
     return str(n)
 
 
-def _inspect_one(path: str, pointer: Optional[str], as_json: bool, out) -> None:
-    with Reader(path, pointer=pointer) as r:
+def _inspect_one(path: str, pointer: Optional[str], as_json: bool, out, key=None) -> None:
+    with Reader(path, pointer=pointer, key=key) as r:
         d = r.descriptor
         rows = [
             {"name": t.key, "dtype": t.dtype.name, "shape": list(t.shape), "bytes": t.byte_length,
@@ -86,11 +86,13 @@ def _inspect_one(path: str, pointer: Optional[str], as_json: bool, out) -> None:
         if as_json:
             json.dump({"file": path, "pointer": d.pointer, "data_file": d.location, "format_version": d.version,
                        "tensors": rows, "tensor_bytes": total, "list_bytes": d.byte_length,
-                       "metadata": d.metadata, "training_record": _record_summary(d.metadata)}, out, indent=2)
+                       "metadata": d.metadata, "training_record": _record_summary(d.metadata),
+                       "encryption": _crypto_cli.encryption_info(r, key is not None)}, out, indent=2)
             out.write("\n")
             return
         out.write(f"{path}{' ' + d.pointer if d.pointer else ''}  (data: {d.location}, "
                   f"format {'tensorlist v%d' % d.version if d.version else 'lamp'})\n")
+        _crypto_cli.write_encryption(out, r, key is not None)
         names, w = column(r_["name"] for r_ in rows)
         out.write(f"  {'name':<{w}}  {'dtype':<14} {'shape':<20} {'size':>10} {'offset':>12}\n")
         for name, r_ in zip(names, rows):
@@ -283,18 +285,13 @@ def cmd_inspect(args) -> int:
     if fmt not in ("tensorlist", "lamp"):
         _inspect_other(args.file, fmt, args.json, sys.stdout)
         return 0
-    if args.pointer is None and backends.is_remote(args.file):
-        pointers = [""]
-    elif args.pointer is None:
+    pointers, key = [args.pointer if args.pointer is not None else ""], _crypto_cli.key_of(args)
+    if args.pointer is None and not backends.is_remote(args.file):
         doc = read_json_file(backends.localize(args.file))
         if isinstance(doc, dict) and not looks_like_list(doc):
             pointers = find_tensor_lists(doc) or [""]
-        else:
-            pointers = [""]
-    else:
-        pointers = [args.pointer]
     for p in pointers:
-        _inspect_one(args.file, p if p or args.pointer is not None else None, args.json, sys.stdout)
+        _inspect_one(args.file, p if p or args.pointer is not None else None, args.json, sys.stdout, key)
     return 0
 
 
@@ -328,7 +325,7 @@ def _validate_dcp(path: str, fmt: str, verify: bool) -> str:
                    "records not loaded (--verify loads each)"))
 
 
-def _validate_model_dir(path: str, fmt: str, verify: bool, allow_outside: bool) -> str:
+def _validate_model_dir(path: str, fmt: str, verify: bool, allow_outside: bool, key=None) -> str:
     """Checks a model directory, the summary of its ok line: the index and the shards agree (``modeldir``: a
     safetensors file is parsed by safetensors' rules there), each tensorlist one checked as ``validate`` checks one."""
     from tensorlist.convert.modeldir import model_weights
@@ -336,7 +333,7 @@ def _validate_model_dir(path: str, fmt: str, verify: bool, allow_outside: bool) 
 
     w = model_weights(path, fmt=fmt, allow_outside=allow_outside, parser=SafetensorsFile)
     for f in w.files if fmt == "tensorlist-model" else ():
-        validate(f, verify=verify, allow_outside=allow_outside)
+        validate(f, verify=verify, allow_outside=allow_outside, key=key)
     n, sums = len(w.files), ", checksums verified" if fmt == "tensorlist-model" else ", no checksums in safetensors"
     return (f"{fmt}, {len(w.shards)} tensors in {n} weight file{'s' if n != 1 else ''}"
             f"{', as its index says' if w.index else ''}{sums if verify else ''}")
@@ -347,22 +344,22 @@ def cmd_validate(args) -> int:
     from tensorlist.convert.formats import DCP_FORMATS
     from tensorlist.convert.modeldir import MODEL_FORMATS
 
-    bad = 0
+    bad, key = 0, _crypto_cli.key_of(args)
     for f in args.files:
         try:
             fmt = infer_format(f, for_reading=True)
             if fmt in DCP_FORMATS:
                 line = f"{f}: ok ({_validate_dcp(f, fmt, args.verify)})"
             elif fmt in MODEL_FORMATS:
-                line = f"{f}: ok ({_validate_model_dir(f, fmt, args.verify, args.allow_outside)})"
+                line = f"{f}: ok ({_validate_model_dir(f, fmt, args.verify, args.allow_outside, key)})"
             else:
-                lists = validate(f, verify=args.verify, allow_outside=args.allow_outside)  # paths and URLs alike
+                lists = validate(f, verify=args.verify, allow_outside=args.allow_outside, key=key)  # paths, URLs
                 n = sum(len(d.tensors) for d in lists)
                 line = (f"{f}: ok ({len(lists)} list{'s' if len(lists) != 1 else ''}, {n} tensors"
-                        f"{', checksums verified' if args.verify else ''})")
+                        f"{_crypto_cli.verified(lists) if args.verify else ''})")
         except (TensorListError, ValueError, OSError, ImportError) as e:
             bad += 1
-            print_error("validate", problem(e), file=f)  # stderr, as every command's errors; then the next file
+            print_error("validate", _crypto_cli.validate_problem(e, key) or problem(e), file=f)  # then the next file
             continue
         print(line)  # outside the try: a closed stdout is not a problem of the file (main ends quietly)
     return 1 if bad else 0
@@ -638,12 +635,14 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--pointer", help="JSON pointer of an embedded TensorList (default: every list)")
     i.add_argument("--json", action="store_true", help="machine-readable output")
     i.add_argument("--format", help="the file's format, for files convert reads (default: from the name)")
+    _crypto_cli.add_key_file(i, "show an encrypted list's metadata")
     i.set_defaults(func=cmd_inspect)
 
     v = sub.add_parser("validate", help="check files against the schema and the format rules",
                        epilog=EXAMPLES["validate"], formatter_class=argparse.RawDescriptionHelpFormatter)
     v.add_argument("files", nargs="+")
-    v.add_argument("--verify", action="store_true", help="also verify CRC32C checksums against the data")
+    v.add_argument("--verify", action="store_true", help="also verify CRC32C checksums (encrypted: every tag)")
+    _crypto_cli.add_key_file(v, "check the key and, with --verify, every chunk's tag of encrypted lists")
     v.add_argument("--allow-outside", action="store_true", help="trust locations outside the file's directory")
     v.set_defaults(func=cmd_validate)
 
@@ -719,6 +718,7 @@ def build_parser() -> argparse.ArgumentParser:
     vf.add_argument("--signature", metavar="SIG", help="the signature bundle (default: DIR/model.sig, FILE.sig)")
     vf.add_argument("--provenance", metavar="PROV", help="the attestation to check against the files' records")
     vf.set_defaults(func=_sign_cli.cmd_verify)
+    _crypto_cli.add_parsers(sub, _add_force)
     return p
 
 

@@ -72,7 +72,10 @@ def ws(tmp_path):
     convert(d / "three.tl", d / "hf-model" / "model.safetensors", progress=False)  # a model directory of each kind
     (d / "hf-model" / "config.json").write_text("{}")
     convert(d / "hf-model", d / "tl-model", progress=False)
-    return types.SimpleNamespace(root=tmp_path, model=model, three=str(d / "three.tl"), one=str(d / "one.tl"),
+    tl.Key(bytes(range(32))).save(d / "aes.key")  # encrypt's and decrypt's key file, and a list sealed with it
+    tl.save(d / "sealed.tl", THREE, key=tl.Key(bytes(range(32))))
+    return types.SimpleNamespace(aes=str(d / "aes.key"), sealed=str(d / "sealed.tl"),
+                                 root=tmp_path, model=model, three=str(d / "three.tl"), one=str(d / "one.tl"),
                                  ckpt=str(d / "ckpt"), key=_private_key(d / "key.pem"),
                                  pub=str(d / "key.pub"), hf_model=str(d / "hf-model"), tl_model=str(d / "tl-model"))
 
@@ -126,6 +129,12 @@ WRITING = [
     Writing("record --plot", lambda w, o: ["record", w.model, "--plot", f"{o}/curves.png"],
             lambda w, o: [f"{o}/curves.png"]),
     Writing("demo", lambda w, o: ["demo", "--dir", f"{o}/demo"], lambda w, o: [f"{o}/demo"], directory=True),
+    Writing("encrypt", lambda w, o: ["encrypt", w.three, f"{o}/s.tl", "--key-file", w.aes],
+            lambda w, o: [f"{o}/s.tl"]),
+    Writing("encrypt a model directory", lambda w, o: ["encrypt", w.tl_model, f"{o}/sealed", "--key-file", w.aes],
+            lambda w, o: [f"{o}/sealed"], directory=True),
+    Writing("decrypt", lambda w, o: ["decrypt", w.sealed, f"{o}/p.tl", "--key-file", w.aes],
+            lambda w, o: [f"{o}/p.tl"]),
 ]
 
 
@@ -136,6 +145,8 @@ def _writing(cases) -> list:
 
 #: The commands that write nothing (and so take no --force).
 READ_ONLY = {"inspect", "validate", "diff", "lineage", "verify"}
+#: The commands that write only new files, refusing any that exists even with --force (none is taken).
+NEVER_REPLACE = {"keygen"}
 
 
 def _commands() -> argparse._SubParsersAction:
@@ -204,7 +215,7 @@ class TestNoOverwrite:
         sub = _commands()
         forcing = {name for name, p in sub.choices.items() if "--force" in p._option_string_actions}
         assert forcing == {c.command for c in WRITING}
-        assert set(sub.choices) - forcing == READ_ONLY
+        assert set(sub.choices) - forcing == READ_ONLY | NEVER_REPLACE
 
     @pytest.mark.parametrize("case", _writing(c for c in WRITING if c.directory))
     def test_an_empty_directory_is_not_in_the_way(self, case, ws, capsys):
@@ -393,6 +404,9 @@ FAILING = {
     "export": (lambda w: ["export", _missing(w), "--cyclonedx", str(w.root / "b.json")], _missing, 1),
     "sign": (lambda w: ["sign", w.model, "--key", _missing(w)], _missing, 1),
     "verify": (lambda w: ["verify", w.model, "--public-key", w.pub], lambda w: w.model + ".sig", 1),
+    "encrypt": (lambda w: ["encrypt", _missing(w), str(w.root / "s.tl"), "--key-file", w.aes], _missing, 1),
+    "decrypt": (lambda w: ["decrypt", w.sealed, str(w.root / "p.tl"), "--key-file", w.three], lambda w: w.three, 1),
+    "keygen": (lambda w: ["keygen", w.aes], lambda w: w.aes, 1),
 }
 
 

@@ -23,6 +23,7 @@ import pytest
 
 import tensorlist as tl
 from tensorlist.crypto.spec import DEFAULT_CHUNK, TAG_BYTES, b64, unb64
+from _cli_crypto_support import cli_read
 
 pytest.importorskip("cryptography")
 
@@ -125,6 +126,7 @@ subject("validate-verify", _save, lambda t, k: tl.validate(t.path, verify=True, 
 subject("writer-load", _writer, lambda t, k: tl.load(t.path, key=k))
 subject("load_document", _document, lambda t, k: tl.load_document(t.path, key=k))
 subject("load-pointer", _document, lambda t, k: tl.load(t.path, pointer=t.pointer, key=k))
+subject("cli-verify-decrypt", _save, cli_read)  # tensorlist validate --verify --key-file, tensorlist decrypt
 
 
 def _flip_bit(t: Target, d: str) -> Optional[str]:
