@@ -57,7 +57,6 @@ Example:
 from __future__ import annotations
 
 import os
-import pickle
 import re
 import shutil
 from abc import ABC, abstractmethod
@@ -72,18 +71,19 @@ from lightning.pytorch.plugins.io import AsyncCheckpointIO
 from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
 
 from tensorlist import reader, writer
-from tensorlist._base.jsonio import from_tagged, to_tagged
 from tensorlist._base.states import check_lightning_states
-from tensorlist._bridges.torch import from_numpy
 from tensorlist.dcp import TensorListReader, TensorListWriter
+from tensorlist.crypto import Key, as_key
 from tensorlist.errors import FormatError, short_repr
 from tensorlist._storage.commit import new_token, own_data_files, sweep_unowned
 from tensorlist.format import confine, open_regular
 from tensorlist.provenance.record import (TrainingRecorder, anchor_paths, read_training_record, validate_dataset_params,
                                           weights_sha256)
 from tensorlist.provenance.signing import signature_files, signed_save
+from tensorlist.lightning._document import (BYTES_TAG, NDARRAY_TAG, PICKLE_TAG, TENSOR_TAG,  # noqa: F401
+                                            decode_checkpoint, encode_checkpoint, open_sealed, seal_document)
 from tensorlist.lightning._pending import PendingSaves
-from tensorlist.lightning.record import RECORD_KEYS, SOLVER, global_seed, loss_value, whole_module, with_record
+from tensorlist.lightning.record import SOLVER, global_seed, loss_value, whole_module, with_record
 
 __all__ = [
     "TensorListCheckpointIO", "TensorListModelParallelStrategy", "TensorListFSDPStrategy",
@@ -99,9 +99,6 @@ _META_RE = re.compile(r"meta\.[0-9a-f]{8}\.json")
 META_KEY = "tensorlist_meta"
 #: Lightning's pickled metadata file, refused on load.
 PICKLED_META_NAME = "meta.pt"
-#: The tags of this module's values (one-key objects; ``to_tagged`` escapes a caller's dict of that shape).
-TENSOR_TAG, NDARRAY_TAG, BYTES_TAG, PICKLE_TAG = "__tensor__", "__ndarray__", "__bytes__", "__pickle__"
-_TAGS = (TENSOR_TAG, NDARRAY_TAG, BYTES_TAG, PICKLE_TAG)
 #: How a torch file starts: a zip archive (torch >= 1.6) or a pickle (protocol 2+).
 _TORCH_MAGICS = (b"PK\x03\x04", b"\x80")
 _SNIFF_BYTES = 64
@@ -109,128 +106,6 @@ _SNIFF_BYTES = 64
 _CONVERT_HINT = ("convert it once, from a file you trust, with tensorlist.lightning.convert_checkpoint(src, dst) "
                  "(torch.load(weights_only=True), then written as a tensorlist checkpoint that resumes), or "
                  "`tensorlist convert SRC model.tl` for its tensors only")
-
-
-# --------------------------------------------------------------------------
-# the document
-
-
-def _one(value) -> writer.Tensors:
-    return writer.Tensors({"0": value})
-
-
-def _all_tensors(d: Mapping) -> bool:
-    return bool(d) and all(isinstance(k, str) for k in d) and not (len(d) == 1 and next(iter(d)) in _TAGS) \
-        and all(isinstance(v, torch.Tensor) for v in d.values())
-
-
-def encode_checkpoint(checkpoint: Mapping, *, allow_pickle: bool = False,
-                      encode: Optional[Callable[[Any], Any]] = None, where: str = "checkpoint") -> dict:
-    """Lightning's checkpoint dict as a document for ``save_document`` (module docstring: the layout).
-
-    Args:
-        checkpoint: the dict (not modified).
-        allow_pickle: store a value JSON cannot hold as a pickle.
-        encode: turns a value JSON cannot hold into one it can (tried before pickle).
-        where: how messages name the dict.
-
-    Raises:
-        TypeError: a value JSON cannot hold, naming its key (``checkpoint.hyper_parameters.path``).
-    """
-    def leaf(v, at):
-        if isinstance(v, torch.Tensor):
-            return {TENSOR_TAG: _one(v.detach())}
-        if isinstance(v, np.ndarray):
-            return {NDARRAY_TAG: _one(v)}
-        if isinstance(v, (bytes, bytearray, memoryview)):
-            return {BYTES_TAG: _one(np.frombuffer(bytes(v), np.uint8))}
-        if isinstance(v, writer.Tensors):
-            return v
-        if encode is not None:
-            return to_tagged(encode(v), at, leaf)
-        if allow_pickle:
-            return {PICKLE_TAG: _one(np.frombuffer(pickle.dumps(v), np.uint8))}
-        raise TypeError(f"{at}: a {type(v).__qualname__} cannot be stored as JSON (a tensorlist checkpoint holds "
-                        f"tensors, bytes and JSON values); pass TensorListCheckpointIO(encode=...) to turn it into "
-                        f"JSON, or allow_pickle=True to store it as a pickle")
-
-    def lists(v):  # dicts of tensors become TensorLists before the walk
-        if isinstance(v, Mapping) and not isinstance(v, writer.Tensors):
-            if _all_tensors(v):
-                return writer.Tensors({k: t.detach() for k, t in v.items()})
-            return {k: lists(x) for k, x in v.items()}
-        if isinstance(v, list):
-            return [lists(x) for x in v]
-        if isinstance(v, tuple):
-            return tuple(lists(x) for x in v)
-        return v
-
-    doc = to_tagged(lists(dict(checkpoint)), where, leaf)
-    if isinstance(doc, dict) and isinstance(doc.get("state_dict"), writer.Tensors) \
-            and all(k in doc for k in RECORD_KEYS):
-        doc["state_dict"].metadata = {k: doc[k] for k in RECORD_KEYS}
-    return doc
-
-
-def _device(map_location):
-    if map_location is None or callable(map_location):
-        return map_location
-    if isinstance(map_location, Mapping):
-        return map_location.get("cpu")
-    return torch.device(map_location)
-
-
-def decode_checkpoint(doc: Any, *, map_location=None, allow_pickle: bool = False, file: Optional[str] = None) -> Any:
-    """The inverse of :func:`encode_checkpoint` on a ``load_document`` result (its lists as dicts of arrays).
-
-    Raises:
-        FormatError: a tag whose content is not what this module writes, or
-            a pickle when ``allow_pickle`` is False (naming the file and key).
-    """
-    target = _device(map_location)
-
-    def tensor(a: np.ndarray):
-        t = from_numpy(a)
-        if callable(target):
-            return target(t, "cpu")
-        return t if target is None else t.to(target)
-
-    def one(v, tag, at):
-        if not (isinstance(v, dict) and list(v) == ["0"] and isinstance(v["0"], np.ndarray)):
-            raise FormatError(f"a {tag} value must be a TensorList of one tensor", file=file, field=at)
-        a = v["0"]
-        if tag != TENSOR_TAG and tag != NDARRAY_TAG and (a.dtype != np.uint8 or a.ndim != 1):
-            raise FormatError(f"a {tag} value must be one uint8 vector, got {a.dtype} {list(a.shape)}",
-                              file=file, field=at)
-        if tag == TENSOR_TAG:
-            return tensor(a)
-        if tag == NDARRAY_TAG:
-            return np.array(a)
-        if tag == BYTES_TAG:
-            return a.tobytes()
-        if not allow_pickle:
-            raise FormatError("holds a pickle, which is not loaded: pass TensorListCheckpointIO(allow_pickle=True) "
-                              "for a checkpoint you trust", file=file, field=at)
-        return pickle.loads(a.tobytes())  # noqa: S301 (opted in, documented)
-
-    def walk(v, at):  # before from_tagged, which escapes a caller's one-key "__name__" dicts
-        if isinstance(v, np.ndarray):
-            return tensor(v)
-        if isinstance(v, dict):
-            if len(v) == 1 and next(iter(v)) in _TAGS:
-                tag = next(iter(v))
-                return one(v[tag], tag, at)
-            return {k: walk(x, f"{at}/{k}") for k, x in v.items()}
-        if isinstance(v, list):
-            return [walk(x, f"{at}/{i}") for i, x in enumerate(v)]
-        return v
-
-    walked = walk(doc, "")
-    try:
-        return from_tagged(walked, file=file)
-    except (TypeError, ValueError) as e:  # a tag a writer of this module never makes
-        raise FormatError(f"holds a tagged JSON value that does not read back ({short_repr(str(e))})",
-                          file=file) from e
 
 
 def _refuse_pickle(path: str) -> None:
@@ -242,8 +117,9 @@ def _refuse_pickle(path: str) -> None:
                           + _CONVERT_HINT, file=path)
 
 
-def _save_document(path, checkpoint, allow_pickle, encode, where="checkpoint") -> None:
-    """Writes a checkpoint; one of Lightning's gets its record made from it when it holds none."""
+def _save_document(path, checkpoint, allow_pickle, encode, key=None, where="checkpoint") -> None:
+    """Writes a checkpoint (with ``key``, encrypted: ``_document.seal_document``); one of Lightning's gets its
+    record made from it when it holds none."""
     doc = encode_checkpoint(with_record(checkpoint), allow_pickle=allow_pickle, encode=encode, where=where)
     if isinstance(doc.get("training"), dict):  # in place: /state_dict's metadata holds the same record
         doc["training"].update(anchor_paths(doc["training"], os.path.dirname(os.fspath(path))))
@@ -252,15 +128,16 @@ def _save_document(path, checkpoint, allow_pickle, encode, where="checkpoint") -
         if isinstance(record.get("weights"), dict) and record["weights"].get("sha256") is None:
             record["weights"] = dict(record["weights"], sha256=weights_sha256(doc["state_dict"].tensors))
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    writer.save_document(path, doc)
+    writer.save_document(path, doc if key is None else seal_document(doc), key=key)
 
 
-def _load_document(path, map_location, allow_pickle) -> dict:
+def _load_document(path, map_location, allow_pickle, key=None) -> dict:
     path = os.fspath(path)
     if not os.path.exists(path):
         raise FileNotFoundError(f"Checkpoint file not found: {path}")
     _refuse_pickle(path)
-    doc = reader.load_document(path, mmap=False)  # private memory: training updates tensors in place
+    doc = reader.load_document(path, mmap=False, key=key)  # private memory: training updates tensors in place
+    doc = open_sealed(doc, key, path)
     if not isinstance(doc, dict):
         raise FormatError("is not a Lightning checkpoint (not a JSON object)", file=path)
     return check_lightning_states(decode_checkpoint(doc, map_location=map_location, allow_pickle=allow_pickle,
@@ -284,6 +161,10 @@ class TensorListCheckpointIO(CheckpointIO):
             refused when saving, naming its key.
         encode: a function turning a value JSON cannot hold into JSON (one
             way: it comes back as that JSON), e.g. ``encode=str`` for paths.
+        signing_key: an EC private key signing each checkpoint (docs/PROVENANCE.md).
+        encryption_key: a ``tensorlist.Key`` (or 32 bytes) encrypting each
+            checkpoint, its JSON included (``_document.seal_document``); the
+            loads need it (``EncryptionError`` naming the file otherwise).
 
     Example:
         >>> import os, tempfile, pathlib, torch
@@ -297,10 +178,11 @@ class TensorListCheckpointIO(CheckpointIO):
     """
 
     def __init__(self, *, allow_pickle: bool = False, encode: Optional[Callable[[Any], Any]] = None,
-                 signing_key=None) -> None:
+                 signing_key=None, encryption_key=None) -> None:
         super().__init__()
         self.allow_pickle = allow_pickle
         self.encode = encode
+        self.encryption_key = as_key(encryption_key)
         self.signing_key = signing_key  # each checkpoint signed: PATH.sig, PATH.provenance.json (PROVENANCE.md)
         self._pending = PendingSaves()  # the saves under way, which a removal of their path must win over
 
@@ -316,7 +198,7 @@ class TensorListCheckpointIO(CheckpointIO):
 
         def write() -> None:
             with signed_save(path, self.signing_key):
-                _save_document(path, checkpoint, self.allow_pickle, self.encode)
+                _save_document(path, checkpoint, self.allow_pickle, self.encode, self.encryption_key)
 
         self._pending.save(path, write, self._remove_files)  # a removal requested meanwhile wins
         self._dirs = getattr(self, "_dirs", set()) | {os.path.dirname(os.path.abspath(path))}
@@ -339,7 +221,7 @@ class TensorListCheckpointIO(CheckpointIO):
             FormatError: a stock (pickle) checkpoint, or a truncated or lying
                 one (naming the file).
         """
-        return _load_document(path, map_location, self.allow_pickle)
+        return _load_document(path, map_location, self.allow_pickle, self.encryption_key)
 
     def remove_checkpoint(self, path) -> None:
         """Removes the checkpoint: its descriptor first (at once, by one unlink), then its data file.
@@ -423,14 +305,21 @@ class _TensorListSharded(ABC):
     checkpoint directory is signed by rank 0 once its save is complete,
     ``model.sig`` and ``model.provenance.json`` inside it
     (``tensorlist.provenance.signing.signed_save``; a full-state save is the checkpoint
-    IO's to sign).
+    IO's to sign), and ``encryption_key``: the shards (``tensorlist.dcp``'s
+    ``encryption_key``) and the meta documents are encrypted with it.
     """
 
     _model_key = "state_dict"
 
-    def __init__(self, *args, allow_pickle: bool = False, encode=None, signing_key=None, **kwargs) -> None:
+    def __init__(self, *args, allow_pickle: bool = False, encode=None, signing_key=None, encryption_key=None,
+                 **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.allow_pickle, self.encode, self.signing_key = allow_pickle, encode, signing_key
+        self.encryption_key = as_key(encryption_key)
+
+    def _dcp(self, cls, path):
+        """A ``TensorListWriter``/``TensorListReader`` of ``path``, with this strategy's key."""
+        return cls(path) if self.encryption_key is None else cls(path, encryption_key=self.encryption_key)
 
     @abstractmethod
     def _is_sharded_save(self) -> bool:
@@ -463,11 +352,11 @@ class _TensorListSharded(ABC):
         state = _sharded_state(checkpoint, self._model_key)
         state[META_KEY] = name
         if rank0:
-            _save_document(os.fspath(path / name), checkpoint, self.allow_pickle, self.encode)
-        dcp_writer = TensorListWriter(path)
+            _save_document(os.fspath(path / name), checkpoint, self.allow_pickle, self.encode, self.encryption_key)
+        dcp_writer = self._dcp(TensorListWriter, path)
         dcp.save(state, storage_writer=dcp_writer)
         if rank0:
-            _save_document(os.fspath(path / META_NAME), checkpoint, self.allow_pickle, self.encode)
+            _save_document(os.fspath(path / META_NAME), checkpoint, self.allow_pickle, self.encode, self.encryption_key)
             io = TensorListCheckpointIO()
             for old in os.listdir(path):
                 if old != name and _META_RE.fullmatch(old):
@@ -485,13 +374,13 @@ class _TensorListSharded(ABC):
         from torch.distributed.checkpoint.api import CheckpointException
 
         try:  # DCP would say "metadata is None"; the reader's own error names the file
-            TensorListReader(path).read_metadata()
+            self._dcp(TensorListReader, path).read_metadata()
         except FileNotFoundError as e:
             raise FormatError(f"holds no committed save (one killed before its commit?): {e}",
                               file=os.fspath(path)) from e
         entry = {META_KEY: ""}
         try:
-            dcp.load(entry, storage_reader=TensorListReader(path))
+            dcp.load(entry, storage_reader=self._dcp(TensorListReader, path))
         except CheckpointException as e:  # a BaseException: every rank's failures, gathered
             failures = getattr(e, "failures", {})
             first = next(iter(failures.values()), e) if isinstance(failures, dict) else e
@@ -505,7 +394,7 @@ class _TensorListSharded(ABC):
         if not isinstance(name, str) or not _META_RE.fullmatch(name):
             raise FormatError(f"entry {META_KEY!r} must name a meta document {META_PATTERN!r}, got {short_repr(name)}",
                               file=os.fspath(path))
-        return _load_document(confine(path, name, what="meta document"), None, self.allow_pickle)
+        return _load_document(confine(path, name, what="meta document"), None, self.allow_pickle, self.encryption_key)
 
 
 class TensorListModelParallelStrategy(_TensorListSharded, ModelParallelStrategy):
@@ -531,12 +420,12 @@ class TensorListModelParallelStrategy(_TensorListSharded, ModelParallelStrategy)
         meta = self._load_meta(path)
         module = self.model
         module_state = {self._model_key: get_model_state_dict(module)}
-        dcp.load(module_state, storage_reader=TensorListReader(path))
+        dcp.load(module_state, storage_reader=self._dcp(TensorListReader, path))
         module.load_state_dict(module_state[self._model_key], strict=self.lightning_module.strict_loading)
         for i, optim in enumerate(self.optimizers):
             key = f"optimizer_{i}"
             optim_state = {key: get_optimizer_state_dict(module, optim)}
-            dcp.load(optim_state, storage_reader=TensorListReader(path))
+            dcp.load(optim_state, storage_reader=self._dcp(TensorListReader, path))
             set_optimizer_state_dict(module, optim, optim_state_dict=optim_state[key],
                                      options=StateDictOptions(cpu_offload=True))
         return meta
@@ -570,13 +459,13 @@ class TensorListFSDPStrategy(_TensorListSharded, FSDPStrategy):
         meta = self._load_meta(path)
         with FSDP.state_dict_type(self.model, StateDictType.SHARDED_STATE_DICT):
             module_state = {self._model_key: self.model.state_dict()}
-            dcp.load(module_state, storage_reader=TensorListReader(path))
+            dcp.load(module_state, storage_reader=self._dcp(TensorListReader, path))
             self.model.load_state_dict(module_state[self._model_key], strict=self.lightning_module.strict_loading)
             for i, optim in enumerate(self.optimizers):
                 key = f"optimizer_{i}"
                 optim_state = load_sharded_optimizer_state_dict(model_state_dict=module_state[self._model_key],
                                                                 optimizer_key=key,
-                                                                storage_reader=TensorListReader(path))
+                                                                storage_reader=self._dcp(TensorListReader, path))
                 optim.load_state_dict(FSDP.optim_state_dict_to_load(optim_state_dict=optim_state[key],
                                                                     model=self.model, optim=optim))
         return meta
@@ -586,7 +475,8 @@ class TensorListFSDPStrategy(_TensorListSharded, FSDPStrategy):
 # conversion
 
 
-def convert_checkpoint(src, dst, *, allow_pickle: bool = False, encode: Optional[Callable[[Any], Any]] = None) -> None:
+def convert_checkpoint(src, dst, *, allow_pickle: bool = False, encode: Optional[Callable[[Any], Any]] = None,
+                       encryption_key=None) -> None:
     """Converts a stock Lightning ``.ckpt`` you trust into a tensorlist checkpoint that resumes.
 
     The source is read with ``torch.load(weights_only=True)`` (torch's
@@ -597,17 +487,18 @@ def convert_checkpoint(src, dst, *, allow_pickle: bool = False, encode: Optional
         TypeError: a value JSON cannot hold (see :class:`TensorListCheckpointIO`).
     """
     checkpoint = torch.load(os.fspath(src), map_location="cpu", weights_only=True)
-    TensorListCheckpointIO(allow_pickle=allow_pickle, encode=encode).save_checkpoint(checkpoint, dst)
+    TensorListCheckpointIO(allow_pickle=allow_pickle, encode=encode,
+                           encryption_key=encryption_key).save_checkpoint(checkpoint, dst)
 
 
 def load_from_checkpoint(cls, path, *, map_location=None, strict: Optional[bool] = None, allow_pickle: bool = False,
-                         **kwargs):
+                         encryption_key=None, **kwargs):
     """``cls.load_from_checkpoint(path)`` for a tensorlist checkpoint (Lightning's own reads with ``torch.load``).
 
     ``cls`` (a ``LightningModule`` or ``LightningDataModule`` subclass) is made
     from the checkpoint's saved hyper-parameters (``save_hyperparameters``),
     ``kwargs`` overriding them, and a module gets the checkpoint's weights
-    (``strict`` as Lightning's), on ``map_location``.
+    (``strict`` as Lightning's), on ``map_location``; ``encryption_key`` opens an encrypted one.
 
     Raises:
         FormatError: a stock (pickle) checkpoint or a broken one, naming the file.
@@ -615,7 +506,7 @@ def load_from_checkpoint(cls, path, *, map_location=None, strict: Optional[bool]
     from lightning.pytorch import LightningDataModule
     from lightning.pytorch.core.saving import _load_state
 
-    checkpoint = _load_document(path, map_location, allow_pickle)
+    checkpoint = _load_document(path, map_location, allow_pickle, as_key(encryption_key))
     checkpoint.setdefault(cls.CHECKPOINT_HYPER_PARAMS_KEY, {})
     checkpoint[cls.CHECKPOINT_HYPER_PARAMS_KEY].update(kwargs)
     if issubclass(cls, LightningDataModule):
@@ -637,6 +528,13 @@ def _checkpoint_writers(trainer) -> List[Any]:
     if isinstance(io, TensorListCheckpointIO):
         found.append(io)
     return found
+
+
+def _same_key(a, b) -> bool:
+    """Whether two signing keys, or two ``tensorlist.Key``s, are the same key."""
+    if isinstance(a, Key) and isinstance(b, Key):
+        return a.material(None) == b.material(None)
+    return a is b or a == b
 
 
 class TrainingRecordCallback(Callback):
@@ -663,15 +561,20 @@ class TrainingRecordCallback(Callback):
             which signs once each save is complete: a checkpoint is signed
             once, whichever of them holds the key. The same key given to both
             signs once; two different keys are refused (ValueError) at setup.
+        encryption_key: a ``tensorlist.Key`` (or 32 bytes) encrypting each
+            checkpoint saved while the callback is active, lent as
+            ``signing_key`` is (the writers' ``encryption_key``); resuming
+            from one needs the key too.
 
     Raises:
-        ValueError: at setup, a ``signing_key`` and no tensorlist checkpoint
-            writer in the Trainer (a stock pickle checkpoint is not signed
-            here), or another key already held by the writer.
+        ValueError: at setup, a key and no tensorlist checkpoint writer in
+            the Trainer (a stock pickle checkpoint is neither signed nor
+            encrypted here), or another key already held by the writer.
     """
 
     def __init__(self, *, dataset_params: Optional[Mapping] = None, validation_key: Optional[str] = None,
-                 validation_dataset_params: Optional[Mapping] = None, signing_key=None) -> None:
+                 validation_dataset_params: Optional[Mapping] = None, signing_key=None,
+                 encryption_key=None) -> None:
         self.dataset_params = dict(dataset_params) if dataset_params is not None else {"name": None}
         validate_dataset_params(self.dataset_params, field_prefix="dataset_params")
         self.validation_dataset_params = None if validation_dataset_params is None else dict(validation_dataset_params)
@@ -684,32 +587,35 @@ class TrainingRecordCallback(Callback):
         self._rate: Any = None
         self._closed: Optional[int] = None  # the last epoch recorded (trainer.current_epoch)
         self.signing_key = signing_key
-        self._lent: List[Any] = []  # the writers holding the key for this run (given back at teardown)
+        self.encryption_key = as_key(encryption_key)
+        self._lent: List[Any] = []  # (writer, attribute) holding a key for this run (given back at teardown)
 
     @property
     def state_key(self) -> str:
         return "TrainingRecordCallback"
 
     def setup(self, trainer, pl_module, stage: str) -> None:
-        if self.signing_key is None or stage != "fit":
+        keys = [(a, getattr(self, a)) for a in ("signing_key", "encryption_key") if getattr(self, a) is not None]
+        if not keys or stage != "fit":
             return
         writers = _checkpoint_writers(trainer)
         if not writers:
-            raise ValueError("TrainingRecordCallback(signing_key=...) signs the checkpoints tensorlist writes: give "
-                             "the Trainer plugins=[TensorListCheckpointIO()] (or a tensorlist sharded strategy); "
-                             f"its checkpoint IO is {type(trainer.strategy.checkpoint_io).__name__}")
-        for w in writers:
-            theirs = w.signing_key
-            if theirs is not None and theirs is not self.signing_key and theirs != self.signing_key:
-                raise ValueError(f"TrainingRecordCallback and {type(w).__name__} were given different signing keys: "
-                                 "give one of them the key (a checkpoint is signed once)")
-        self._lent = [w for w in writers if w.signing_key is None]
-        for w in self._lent:
-            w.signing_key = self.signing_key
+            raise ValueError(f"TrainingRecordCallback({keys[0][0]}=...) is for the checkpoints tensorlist writes: "
+                             "give the Trainer plugins=[TensorListCheckpointIO()] (or a tensorlist sharded "
+                             f"strategy); its checkpoint IO is {type(trainer.strategy.checkpoint_io).__name__}")
+        for attr, key in keys:
+            for w in writers:
+                theirs = getattr(w, attr)
+                if theirs is not None and not _same_key(theirs, key):
+                    raise ValueError(f"TrainingRecordCallback and {type(w).__name__} were given different "
+                                     f"{attr.replace('_', ' ')}s: give one of them the key")
+        self._lent = [(w, attr) for attr, _ in keys for w in writers if getattr(w, attr) is None]
+        for w, attr in self._lent:
+            setattr(w, attr, getattr(self, attr))
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
-        for w in self._lent:
-            w.signing_key = None
+        for w, attr in self._lent:
+            setattr(w, attr, None)
         self._lent = []
 
     def on_train_start(self, trainer, pl_module) -> None:
