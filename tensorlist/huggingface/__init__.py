@@ -53,6 +53,7 @@ from tensorlist.huggingface import accelerate as checkpoint_dirs
 from tensorlist.huggingface import signing
 from tensorlist import writer
 from tensorlist._storage.commit import atomic_file
+from tensorlist.crypto import as_key
 from tensorlist.huggingface.states import (  # noqa: F401 - re-exported: the file names and state files of both integrations
                          MODEL_FILE, OPTIMIZER_FILE, PICKLE_NAME, SCALER_FILE, SCHEDULER_FILE, STATE_FORMAT,
                          TRAINING_ARGS_FILE, export_pretrained, load_rng, plain, read_state_file, refuse_pickles,
@@ -116,7 +117,8 @@ def _accelerate_record(accelerator, model, training, dataset_params):
     return record, data
 
 
-def save_state(accelerator, output_dir=None, *, training=None, dataset_params: Optional[Mapping] = None) -> str:
+def save_state(accelerator, output_dir=None, *, training=None, dataset_params: Optional[Mapping] = None,
+               key=None) -> str:
     """``accelerator.save_state(output_dir)`` as tensorlist files: no pickle in the directory.
 
     Saves each prepared model (``model.json``, a model file), optimizer
@@ -145,6 +147,9 @@ def save_state(accelerator, output_dir=None, *, training=None, dataset_params: O
             a record, or None for one built from the first optimizer,
             scheduler and loader (no history: the loop is the caller's).
         dataset_params: the data record (default ``{}``).
+        key: a ``tensorlist.Key`` (or 32 bytes) encrypting every file but the
+            manifest (default: the recorder's ``encryption_key``, if any);
+            :func:`load_state` then needs it.
 
     Returns:
         The directory written.
@@ -157,13 +162,14 @@ def save_state(accelerator, output_dir=None, *, training=None, dataset_params: O
             cannot hold (naming where).
     """
     _check_distributed(accelerator)
+    key = as_key(key if key is not None else getattr(training, "encryption_key", None))
     with checkpoint_dirs.saving(accelerator, output_dir) as target:
         with signing.signed_state(accelerator, target, training):
-            _write_state(accelerator, target, training, dataset_params)
+            _write_state(accelerator, target, training, dataset_params, key)
     return target
 
 
-def _write_state(accelerator, output_dir: str, training, dataset_params) -> None:
+def _write_state(accelerator, output_dir: str, training, dataset_params, key=None) -> None:
     """The files of :func:`save_state`, into ``output_dir``."""
     os.makedirs(output_dir, exist_ok=True)
     main = accelerator.is_main_process
@@ -187,22 +193,23 @@ def _write_state(accelerator, output_dir: str, training, dataset_params) -> None
             record, data = _accelerate_record(accelerator, model, training, dataset_params)
             path = at(_numbered("model", i))
             if record is None:
-                writer.save(path, {k: v.detach() for k, v in state.items()})
+                writer.save(path, {k: v.detach() for k, v in state.items()}, key=key)
             else:
-                save_model_file(path, state, training=record, dataset_params=data)
+                save_model_file(path, state, training=record, dataset_params=data, key=key)
         for i, opt in enumerate(accelerator._optimizers):
-            save_optimizer_state(at(_numbered("optimizer", i)), opt)
+            save_optimizer_state(at(_numbered("optimizer", i)), opt, key=key)
         for i, sched in enumerate(accelerator._schedulers):
-            save_state_file(at(_numbered("scheduler", i)), "scheduler", sched.state_dict())
+            save_state_file(at(_numbered("scheduler", i)), "scheduler", sched.state_dict(), key=key)
         for i, loader in enumerate(accelerator._dataloaders):
             state, tensors = _loader_state(loader)
             if state or tensors:
-                save_state_file(at(_numbered("sampler", i)), "sampler", state, tensors=tensors)
+                save_state_file(at(_numbered("sampler", i)), "sampler", state, tensors=tensors, key=key)
         if accelerator.scaler is not None:
-            save_state_file(at("scaler.json"), "scaler", accelerator.scaler.state_dict())
+            save_state_file(at("scaler.json"), "scaler", accelerator.scaler.state_dict(), key=key)
         for i, obj in enumerate(accelerator._custom_objects):
-            save_state_file(at(f"custom_checkpoint_{i}.json"), "custom", obj.state_dict())
-    save_rng(os.path.join(output_dir, f"random_states_{accelerator.process_index}.json"), step=int(accelerator.step))
+            save_state_file(at(f"custom_checkpoint_{i}.json"), "custom", obj.state_dict(), key=key)
+    save_rng(os.path.join(output_dir, f"random_states_{accelerator.process_index}.json"), step=int(accelerator.step),
+             key=key)
     accelerator.wait_for_everyone()
     if main:  # last, once every process has written its RNG states
         written += [f"random_states_{r}.json" for r in range(accelerator.num_processes)]
@@ -267,11 +274,12 @@ def _loader_state(loader):
     return state, tensors
 
 
-def load_state(accelerator, input_dir=None, *, strict: bool = True) -> None:
+def load_state(accelerator, input_dir=None, *, strict: bool = True, key=None) -> None:
     """Restores what :func:`save_state` wrote into the accelerator's prepared objects.
 
     ``input_dir`` None under automatic checkpoint naming: the newest complete
     ``<project_dir>/checkpoints/checkpoint_<N>``, as ``Accelerator.load_state()``.
+    ``key`` opens a state saved encrypted (``EncryptionError`` naming the file without it).
 
     Raises:
         ValueError: no ``input_dir`` and automatic naming is off.
@@ -304,15 +312,16 @@ def load_state(accelerator, input_dir=None, *, strict: bool = True) -> None:
     scaler_path = None if accelerator.scaler is None else _checked(input_dir, files, "scaler.json")
     rng_path = _checked(input_dir, files, f"random_states_{accelerator.process_index}.json")
     # every state read and checked (_states) before the first object takes one
-    opts = [(opt, load_optimizer_state(path, opt, restore=False)) for path, opt in opt_paths]
-    scheds = [(s, read_state_file(path, "scheduler", like=s.state_dict())) for path, s in sched_paths]
-    loaders = [(d, *check_sampler_state(*read_state_file(path, "sampler", with_tensors=True), _loader_state(d)[0],
-                                        file=path)) for path, d in loader_paths]
-    scaler = scaler_path and read_state_file(scaler_path, "scaler", like=accelerator.scaler.state_dict())
-    customs = [(obj, read_state_file(path, "custom")) for path, obj in custom_paths]
-    meta, rng = load_rng(rng_path, restore=False)
+    key = as_key(key)
+    opts = [(opt, load_optimizer_state(path, opt, restore=False, key=key)) for path, opt in opt_paths]
+    scheds = [(s, read_state_file(path, "scheduler", like=s.state_dict(), key=key)) for path, s in sched_paths]
+    loaders = [(d, *check_sampler_state(*read_state_file(path, "sampler", with_tensors=True, key=key),
+                                        _loader_state(d)[0], file=path)) for path, d in loader_paths]
+    scaler = scaler_path and read_state_file(scaler_path, "scaler", like=accelerator.scaler.state_dict(), key=key)
+    customs = [(obj, read_state_file(path, "custom", key=key)) for path, obj in custom_paths]
+    meta, rng = load_rng(rng_path, restore=False, key=key)
     for path, model in model_paths:
-        load_module_state(path, model, strict=strict)
+        load_module_state(path, model, strict=strict, key=key)
     for opt, sd in opts:
         opt.load_state_dict(sd)
     for sched, state in scheds:

@@ -25,12 +25,12 @@ __all__ = ["from_pretrained"]
 GENERATION_CONFIG = "generation_config.json"
 
 
-def _state(directory: str, allow_outside: bool) -> Tuple[Dict[str, Any], Dict[str, str]]:
+def _state(directory: str, allow_outside: bool, key=None) -> Tuple[Dict[str, Any], Dict[str, str]]:
     """(every tensor of the directory, each tensor's file), each file mapped copy-on-write once."""
     shards = tensor_shards(directory, allow_outside=allow_outside)
     state: Dict[str, Any] = {}
     for path in dict.fromkeys(shards.values()):
-        state.update(load_state(path, mmap="copy"))
+        state.update(load_state(path, mmap="copy", key=key))
     return state, shards
 
 
@@ -46,13 +46,15 @@ def _refuse(info: dict, shards: Dict[str, str], directory: str) -> None:
             raise FormatError(why, file=shards.get(name, first_file), tensor_name=name)
 
 
-def from_pretrained(model_class, directory, *, allow_outside: bool = False, **kwargs):
+def from_pretrained(model_class, directory, *, allow_outside: bool = False, key=None, **kwargs):
     """``model_class.from_pretrained`` for a tensorlist model directory (or a ``TensorListTrainer`` output).
 
     Args:
         model_class: a transformers model class (``AutoModelForCausalLM``, ``LlamaForCausalLM``...).
         directory: a directory holding ``config.json`` and ``model.json`` (or ``model.index.json``).
         allow_outside: trust shards and data files outside the directory.
+        key: the key of an encrypted directory (a ``tensorlist.Key`` or 32
+            bytes): its weights are decrypted into private memory.
         **kwargs: passed to ``model_class.from_pretrained`` (``dtype``/``torch_dtype``,
             ``attn_implementation``, ``config``...).
 
@@ -61,6 +63,7 @@ def from_pretrained(model_class, directory, *, allow_outside: bool = False, **kw
         safetensors directory it was converted from (or converts to).
 
     Raises:
+        EncryptionError: an encrypted shard and no key, or the wrong key (naming the file).
         FormatError: a tensor the model lacks, does not know or holds in another shape (naming the
             tensor and its file), or a bad directory (naming the file and field).
     """
@@ -77,7 +80,7 @@ def from_pretrained(model_class, directory, *, allow_outside: bool = False, **kw
 
         with torch.device("meta"):  # no memory, no initialisation worth the name
             model_class = type(model_class.from_config(config))
-    state, shards = _state(directory, allow_outside)
+    state, shards = _state(directory, allow_outside, key)
     ignore = kwargs.pop("ignore_mismatched_sizes", False)  # asked for, a shape mismatch is transformers' to report
     model, info = model_class.from_pretrained(None, config=config, state_dict=state, output_loading_info=True,
                                               ignore_mismatched_sizes=True, **kwargs)

@@ -3,7 +3,7 @@
 Small states (a scheduler's, a sampler's, a scaler's, the RNG states) as
 tensorlist files whose metadata holds the state as tagged JSON
 (:func:`save_state_file`, :func:`read_state_file`, :func:`save_rng`,
-:func:`load_rng`); the refusal of a directory holding a stock checkpoint's
+:func:`load_rng`; ``key=`` encrypts, and opens, each); the refusal of a directory holding a stock checkpoint's
 pickles (:func:`refuse_pickles`); the export of a model file for
 ``from_pretrained`` (:func:`export_pretrained`); the file names of a
 ``checkpoint-N`` and the newest complete one (:func:`last_checkpoint`).
@@ -89,13 +89,15 @@ def last_checkpoint(output_dir) -> Optional[str]:
     return None
 
 
-def save_state_file(path, kind: str, state: Any, *, tensors: Optional[Mapping] = None, **metadata) -> None:
+def save_state_file(path, kind: str, state: Any, *, tensors: Optional[Mapping] = None, key=None,
+                    **metadata) -> None:
     """Saves a state of plain values (a scheduler's, a sampler's, a scaler's) as a tensorlist file.
 
     The state goes into the metadata as tagged JSON (tuples, non-finite
     floats and non-str keys kept); a tensor in it is refused (TypeError,
     naming where): pass the tensors a state needs (a generator's state) as
     ``tensors``, a name -> tensor mapping saved as the file's TensorList.
+    ``key`` encrypts the file, the state with it (the reads need the key).
 
     Example:
         >>> import tempfile, os
@@ -105,14 +107,15 @@ def save_state_file(path, kind: str, state: Any, *, tensors: Optional[Mapping] =
         {'last_epoch': 3, 'base_lrs': [0.1]}
     """
     meta = {"format": STATE_FORMAT, "kind": kind, "state": to_tagged(state, kind), **metadata}
-    writer.save(path, dict(tensors or {}), metadata=meta)
+    writer.save(path, dict(tensors or {}), metadata=meta, key=key)
 
 
-def _state_metadata(path, kind: str) -> Mapping:
+def _state_metadata(path, kind: str, key=None) -> Mapping:
     path = os.fspath(path)
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: no {kind} state (was the checkpoint saved with the same objects?)")
-    with reader.Reader(path) as r:
+    with reader.Reader(path, key=key) as r:
+        r.require_key()  # an encrypted file's metadata reads as None until its key opens it
         meta = r.metadata
     if not isinstance(meta, Mapping) or meta.get("format") != STATE_FORMAT:
         raise FormatError(f"not a {STATE_FORMAT!r} file", file=path, field="metadata.format")
@@ -123,30 +126,30 @@ def _state_metadata(path, kind: str) -> Mapping:
     return meta
 
 
-def read_state_file(path, kind: str, *, with_tensors: bool = False, like: Any = None) -> Any:
+def read_state_file(path, kind: str, *, with_tensors: bool = False, like: Any = None, key=None) -> Any:
     """The state :func:`save_state_file` wrote (FormatError naming the file when it is another kind).
 
     With ``with_tensors``: ``(state, tensors)``, the tensors as torch tensors
     in private memory. With ``like`` (the live object's ``state_dict()``):
     a state of other keys or JSON types is a FormatError naming the field.
     """
-    state = from_tagged(_state_metadata(path, kind)["state"], file=os.fspath(path), where="metadata.state")
+    state = from_tagged(_state_metadata(path, kind, key)["state"], file=os.fspath(path), where="metadata.state")
     if like is not None:
         check_like(state, like, file=os.fspath(path), field="metadata.state")
     if not with_tensors:
         return state
-    return state, load_tensors(path, mmap=False)
+    return state, load_tensors(path, mmap=False, key=key)
 
 
-def save_rng(path, **extra) -> None:
+def save_rng(path, *, key=None, **extra) -> None:
     tensors, meta = rng_state()
-    writer.save(path, tensors, metadata={"format": STATE_FORMAT, "kind": "rng", "state": meta, **extra})
+    writer.save(path, tensors, metadata={"format": STATE_FORMAT, "kind": "rng", "state": meta, **extra}, key=key)
 
 
-def load_rng(path, *, restore: bool = True) -> tuple:
+def load_rng(path, *, restore: bool = True, key=None) -> tuple:
     """(the file's metadata, the checked states); the generators take them unless ``restore`` is False."""
-    meta = _state_metadata(path, "rng")
-    states = check_rng_state(reader.load(os.fspath(path)), meta["state"], file=os.fspath(path),
+    meta = _state_metadata(path, "rng", key)
+    states = check_rng_state(reader.load(os.fspath(path), key=key), meta["state"], file=os.fspath(path),
                              field="metadata.state", tensors_field="tensors")
     if restore:
         set_rng_state(*states)
@@ -162,7 +165,7 @@ def plain(obj):
     return obj
 
 
-def export_pretrained(checkpoint, output_dir, *, model_file: str = MODEL_FILE) -> str:
+def export_pretrained(checkpoint, output_dir, *, model_file: str = MODEL_FILE, key=None) -> str:
     """Writes ``model.safetensors`` and ``config.json`` for ``from_pretrained`` from a tensorlist model file.
 
     Args:
@@ -171,6 +174,8 @@ def export_pretrained(checkpoint, output_dir, *, model_file: str = MODEL_FILE) -
             file itself.
         output_dir: where to write (made if needed); may be the checkpoint.
         model_file: the descriptor's name inside a directory.
+        key: the key of an encrypted model file. ``model.safetensors`` is
+            plaintext: this decrypts the weights (and the record) into it.
 
     Returns:
         The path of the ``model.safetensors`` written. Its metadata holds
@@ -183,9 +188,9 @@ def export_pretrained(checkpoint, output_dir, *, model_file: str = MODEL_FILE) -
     source = confine(checkpoint, model_file) if os.path.isdir(checkpoint) else checkpoint
     os.makedirs(output_dir, exist_ok=True)
     # clones: safetensors refuses tensors sharing storage, and every tensor of a mapped file does
-    weights = {k: v.clone() for k, v in load_tensors(source).items()}
+    weights = {k: v.clone() for k, v in load_tensors(source, key=key).items()}
     meta = {"format": "pt"}
-    with reader.Reader(source) as r:
+    with reader.Reader(source, key=key) as r:
         training = r.metadata.get("training") if isinstance(r.metadata, Mapping) else None
     if training is not None:
         meta["tensorlist.training"] = dumps(training)

@@ -19,6 +19,7 @@ from transformers.trainer_callback import TrainerState
 
 from tensorlist import writer
 from tensorlist._storage.commit import atomic_file
+from tensorlist.crypto import as_key
 from tensorlist.format import confine, read_json_file
 from tensorlist.huggingface import signing as _hf_signing
 from tensorlist.huggingface.record import trainer_record
@@ -52,14 +53,24 @@ class TensorListTrainer(transformers.Trainer):
             the evaluation dataset's class name and length).
         signing_key: an EC private key signing each ``checkpoint-N`` (``model.sig`` inside)
             and each ``save_model`` (``model.json.sig`` beside it) (docs/PROVENANCE.md).
+        encryption_key: a ``tensorlist.Key`` (or 32 bytes) encrypting every
+            tensorlist file of each ``checkpoint-N`` and ``save_model`` (the
+            weights, the record, the optimizer's, scheduler's, scaler's and
+            RNG states); resuming needs it. Not with ``export_safetensors``
+            (plaintext). ``trainer_state.json``, ``training_args.json`` and
+            ``config.json`` stay plain JSON (transformers reads them).
         *args, **kwargs: ``transformers.Trainer``'s.
     """
 
     def __init__(self, *args, dataset_params: Optional[Mapping] = None,
                  initial_weights: Optional[Mapping] = None, export_safetensors: bool = False,
-                 eval_dataset_params: Optional[Mapping] = None, signing_key=None, **kwargs):
+                 eval_dataset_params: Optional[Mapping] = None, signing_key=None, encryption_key=None, **kwargs):
+        if encryption_key is not None and export_safetensors:
+            raise ValueError("export_safetensors writes the weights in plaintext: it cannot go with encryption_key "
+                             "(export_pretrained(..., key=) decrypts an export on purpose)")
         super().__init__(*args, **kwargs)
         self.tensorlist_signing_key = signing_key
+        self.tensorlist_encryption_key = as_key(encryption_key)
         self.tensorlist_eval_dataset_params = None if eval_dataset_params is None else dict(eval_dataset_params)
         self._tensorlist_best = False  # the model holds the best checkpoint's weights (load_best_model_at_end)
         self.tensorlist_dataset_params = None if dataset_params is None else dict(dataset_params)
@@ -90,10 +101,11 @@ class TensorListTrainer(transformers.Trainer):
     def _resumed_start(self, checkpoint) -> Dict[str, Any]:
         """What the record of a run resumed from ``checkpoint`` starts from, once the checkpoint is checked."""
         refuse_pickles(checkpoint)
+        key = self.tensorlist_encryption_key
         if os.path.exists(self._rng_file(checkpoint)):  # checked before the model is loaded
-            load_rng(self._rng_file(checkpoint), restore=False)
+            load_rng(self._rng_file(checkpoint), restore=False, key=key)
         model_file = confine(checkpoint, MODEL_FILE)
-        record = resolve_paths(read_training_record(model_file), os.path.dirname(model_file))  # as the file reads them
+        record = resolve_paths(read_training_record(model_file, key=key), os.path.dirname(model_file))  # as the file reads them
         read_json_file(confine(checkpoint, "trainer_state.json"))  # transformers reads it plainly
         return {"optimizer": record["optimizer"], "initial_weights_sha256": record["initial_weights_sha256"],
                 "initial_weights": record["initial_weights"]}
@@ -150,10 +162,11 @@ class TensorListTrainer(transformers.Trainer):
         state = model.state_dict() if state_dict is None else state_dict
         record = trainer_record(self, self._tensorlist_kind)
         path = os.path.join(output_dir, MODEL_FILE)
+        key = self.tensorlist_encryption_key
         if record is None:
-            writer.save(path, {k: v.detach() for k, v in state.items()})
+            writer.save(path, {k: v.detach() for k, v in state.items()}, key=key)
         else:
-            save_model_file(path, state, training=record, dataset_params=self._dataset_params())
+            save_model_file(path, state, training=record, dataset_params=self._dataset_params(), key=key)
         if hasattr(model, "config") and hasattr(model.config, "save_pretrained"):
             model.config.save_pretrained(output_dir)
             gen = getattr(model, "generation_config", None)
@@ -170,13 +183,16 @@ class TensorListTrainer(transformers.Trainer):
     def _save_optimizer_and_scheduler(self, output_dir):
         self._check_plain()
         if self.args.should_save:
-            save_optimizer_state(os.path.join(output_dir, OPTIMIZER_FILE), self.optimizer)
-            save_state_file(os.path.join(output_dir, SCHEDULER_FILE), "scheduler", self.lr_scheduler.state_dict())
+            key = self.tensorlist_encryption_key
+            save_optimizer_state(os.path.join(output_dir, OPTIMIZER_FILE), self.optimizer, key=key)
+            save_state_file(os.path.join(output_dir, SCHEDULER_FILE), "scheduler", self.lr_scheduler.state_dict(),
+                            key=key)
 
     def _save_scaler(self, output_dir):
         scaler = getattr(self.accelerator, "scaler", None)
         if scaler is not None and self.args.should_save:
-            save_state_file(os.path.join(output_dir, SCALER_FILE), "scaler", scaler.state_dict())
+            save_state_file(os.path.join(output_dir, SCALER_FILE), "scaler", scaler.state_dict(),
+                            key=self.tensorlist_encryption_key)
 
     def _rng_file(self, directory) -> str:
         name = "rng_state.json" if self.args.world_size <= 1 else f"rng_state_{self.args.process_index}.json"
@@ -184,29 +200,30 @@ class TensorListTrainer(transformers.Trainer):
 
     def _save_rng_state(self, output_dir):
         os.makedirs(output_dir, exist_ok=True)
-        save_rng(self._rng_file(output_dir))
+        save_rng(self._rng_file(output_dir), key=self.tensorlist_encryption_key)
 
     # ---- resuming
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
         self._check_plain()
         refuse_pickles(resume_from_checkpoint)
         model = self.accelerator.unwrap_model(model if model is not None else self.model)
-        load_module_state(confine(resume_from_checkpoint, MODEL_FILE), model)
+        load_module_state(confine(resume_from_checkpoint, MODEL_FILE), model, key=self.tensorlist_encryption_key)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         if checkpoint is None or not any(os.path.lexists(os.path.join(checkpoint, n))
                                          for n in (OPTIMIZER_FILE, SCHEDULER_FILE)):
             return  # a save_only_model checkpoint: a fresh optimizer, as the stock Trainer
+        key = self.tensorlist_encryption_key
         sched = read_state_file(confine(checkpoint, SCHEDULER_FILE), "scheduler",
-                                like=self.lr_scheduler.state_dict())
-        load_optimizer_state(confine(checkpoint, OPTIMIZER_FILE), self.optimizer)  # checked, then loaded
+                                like=self.lr_scheduler.state_dict(), key=key)
+        load_optimizer_state(confine(checkpoint, OPTIMIZER_FILE), self.optimizer, key=key)  # checked, then loaded
         self.lr_scheduler.load_state_dict(sched)
 
     def _load_scaler(self, checkpoint):
         scaler = getattr(self.accelerator, "scaler", None)
         if checkpoint is not None and scaler is not None and os.path.exists(confine(checkpoint, SCALER_FILE)):
             scaler.load_state_dict(read_state_file(confine(checkpoint, SCALER_FILE), "scaler",
-                                                   like=scaler.state_dict()))
+                                                   like=scaler.state_dict(), key=self.tensorlist_encryption_key))
 
     def _load_rng_state(self, checkpoint):
         if checkpoint is None:
@@ -215,7 +232,7 @@ class TensorListTrainer(transformers.Trainer):
         if not os.path.exists(path):
             _log.info("%s: no RNG state; the resumed run is not reproducible", path)
             return
-        load_rng(path)
+        load_rng(path, key=self.tensorlist_encryption_key)
 
     def convert_stock_checkpoint(self, checkpoint, output_dir) -> str:
         """Rewrites a stock ``checkpoint-N`` (pickles) as this class's, for a checkpoint you trust.
@@ -267,7 +284,8 @@ class TensorListTrainer(transformers.Trainer):
     def _load_best_model(self):
         best = self.state.best_model_checkpoint
         refuse_pickles(best)
-        load_module_state(confine(best, MODEL_FILE), self.accelerator.unwrap_model(self.model))
+        load_module_state(confine(best, MODEL_FILE), self.accelerator.unwrap_model(self.model),
+                          key=self.tensorlist_encryption_key)
         self._tensorlist_best = True
 
 
