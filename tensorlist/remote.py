@@ -16,13 +16,16 @@ buffered files: S3 multipart uploads of ``STREAM_BLOCK`` parts), under a fresh
 unique name, with CRC32Cs computed on the way; the descriptor goes last, in
 one request: a failed upload never leaves a descriptor that points at missing
 data, and the previous file stays readable. Nothing is staged on local disk
-(except what a remote ``Writer`` receives after a ``reserve``), and memory
+(except what a remote ``Writer`` receives after a ``reserve``: sealed first
+with ``key=``), and memory
 stays at a few parts whatever the size (measured: 62 MiB of anonymous memory
 for 256 MiB and 1 GiB saves to an S3 server on loopback, 94 MiB for 2 GiB).
 The data objects of the replaced descriptor are deleted after the new
 descriptor is in place. (lamp mode keeps lamp's fixed data name, so as
 locally there is a window in which the old descriptor meets new data.)
-``save_document`` and ``load_document`` take URLs too.
+``save_document`` and ``load_document`` take URLs too. ``key=`` encrypts and
+decrypts as locally: the same chunks and tags (``_storage.sealed``), sealed
+before upload, opened after the ranged reads.
 
 Example:
     >>> import numpy as np, tensorlist
@@ -48,11 +51,13 @@ from tensorlist import schema
 from tensorlist import writer
 from tensorlist._base.backends import is_url
 from tensorlist._storage.commit import new_token, own_locations
-from tensorlist._storage.datafile import ReadMode, check_crcs, first_tensor_in, read_mode, region_target, too_many_dims, unsupported_dtype
+from tensorlist._storage.datafile import (ReadMode, bytes_view, check_crcs, first_tensor_in, read_mode, region_target,
+                                          too_many_dims, unsupported_dtype)
+from tensorlist._storage.sealed import Seal, check_key_use, le_bytes, open_fetched
 from tensorlist._storage.items import (Item, WriterBase, align, check_alignment, check_metadata, descriptor, descriptor_text,
                      fast_descriptor_text, layout, prepare, tensor_entries)
 from tensorlist._base.jsonio import dumps, set_at_pointer
-from tensorlist.errors import FormatError, TensorListError, UnsupportedDTypeError
+from tensorlist.errors import EncryptionError, FormatError, TensorListError, UnsupportedDTypeError
 from tensorlist.format import (DEFAULT_ALIGNMENT, LIST_ALIGNMENT, MIN_TENSOR_ALIGNMENT, Limits, ListDescriptor, check_data_size,
                      find_tensor_lists, parse_list, read_json_bytes, select_list)
 from tensorlist.reader import TensorMapping
@@ -141,12 +146,14 @@ class RemoteReader(TensorMapping):
             writable private copies (each fetched range copied once more, into
             64-byte aligned memory); writes never reach the store. Anything
             else is a ValueError.
+        key: as for Reader: checked at once; tensors are decrypted after
+            their ranged reads, into private writable memory.
     """
 
     def __init__(self, url: str, *, pointer: Optional[str] = None, mmap=True, allow_outside: bool = False,
                  max_descriptor_bytes: Optional[int] = None, max_tensors: Optional[int] = None,
                  max_total_bytes: Optional[int] = None, storage_options: Optional[dict] = None, bits: bool = False,
-                 _document=None):
+                 key=None, _document=None):
         self.path = url
         self._mode = read_mode(mmap)
         self._document = _document  # load_document: the document already read, lists chosen by pointer
@@ -171,7 +178,28 @@ class RemoteReader(TensorMapping):
         else:
             raise FormatError(f"data object {_url_of(self.fs, self.data_path)!r} does not exist", file=url,
                               field=f"{desc.pointer}/location" if desc.pointer else "location") from last
+        self._opener = None
+        if key is not None and desc.encryption is not None:
+            from tensorlist.crypto import as_key
+            from tensorlist.crypto.cipher import Opener
+            self._opener = Opener(desc.encryption, as_key(key), url, desc.pointer)
+            desc = desc._replace(metadata=self._opener.metadata)
         self.descriptor: ListDescriptor = desc
+
+    @property
+    def encrypted(self) -> bool:
+        """Whether the list is encrypted (its metadata reads as None until opened with its key)."""
+        return self.descriptor.encryption is not None
+
+    def require_key(self) -> None:
+        """Raises ``EncryptionError`` naming the URL if the list is encrypted and was opened without its key."""
+        if self.descriptor.encryption is not None and self._opener is None:
+            raise EncryptionError("the list is encrypted: pass key= (a tensorlist.Key or its 32 bytes) to read it",
+                                  file=self.path)
+
+    def _read_tags(self, offset: int, n: int) -> bytes:
+        base = self.descriptor.byte_offset
+        return bytes(self._read_ranges([base + offset], [base + offset + n], lambda k: None)[0])
 
     def _read_descriptor(self, pointer, allow_outside) -> ListDescriptor:
         doc = self._document
@@ -187,6 +215,7 @@ class RemoteReader(TensorMapping):
         bits = self._bits if bits is None else bits
         if self._closed:
             raise ValueError("I/O operation on a closed Reader")
+        self.require_key()
         table, base = self.descriptor.tensors, self.descriptor.byte_offset
         todo = sorted({i for i in positions if table.lengths[i]}, key=lambda i: table.offsets[i])
         # neighbours (only alignment padding between them) are fetched as one range: a million
@@ -206,13 +235,15 @@ class RemoteReader(TensorMapping):
         blobs = self._read_ranges(starts, ends, lambda k: groups[k][0])
         got: Dict[int, memoryview] = {}
         for g, s, b in zip(groups, starts, blobs):
-            if self._mode is ReadMode.COPY:
+            if self._mode is ReadMode.COPY and self._opener is None:
                 b, src = lowlevel.alloc(len(b)), b
                 b[:] = np.frombuffer(src, np.uint8)
             view = memoryview(b)
             for i in g:
                 o = base + table.offsets[i] - s
                 got[i] = view[o:o + table.lengths[i]]
+        if self._opener is not None:  # ciphertext fetched: decrypted by the local reader's Opener
+            got = {i: memoryview(a) for i, a in open_fetched(self._opener, table, todo, got, self._read_tags).items()}
         out = []
         for i in positions:
             try:
@@ -279,6 +310,15 @@ class RemoteReader(TensorMapping):
             raise ValueError("I/O operation on a closed Reader")
         desc = self.descriptor
         dst, start = region_target(desc, buffer, offset)
+        if desc.encryption is not None and len(dst):  # the tensors' plaintext; padding reads as zeros
+            lo, hi, table = start - desc.byte_offset, start - desc.byte_offset + len(dst), desc.tensors
+            inside = [i for i, (o, n) in enumerate(zip(table.offsets, table.lengths)) if n and o < hi and lo < o + n]
+            dst[:] = 0
+            for i, a in zip(inside, self._fetch(inside, bits=True)):
+                o = table.offsets[i]
+                s, e = max(lo, o), min(hi, o + table.lengths[i])
+                dst[s - lo:e - lo] = bytes_view(a)[s - o:e - o]
+            return
         starts = list(range(start, start + len(dst), READINTO_PART))
         ends = [min(s + READINTO_PART, start + len(dst)) for s in starts]
         blobs = self._read_ranges(starts, ends, lambda k: first_tensor_in(desc, starts[k], ends[k]))
@@ -332,6 +372,15 @@ class RemoteReader(TensorMapping):
         carriers: bfloat16/float8 need no ml_dtypes)."""
         keys = self.keys() if keys is None else list(keys)
         infos = [self.info(k) for k in keys]
+        if self.descriptor.encryption is not None:  # every chunk's tag, at most 64 MiB fetched at a time
+            group, size = [], 0
+            for n, t in enumerate(infos, 1):
+                group.append(t.index)
+                size += t.byte_length
+                if size >= 1 << 26 or n == len(infos):
+                    self._fetch(group, bits=True)
+                    group, size = [], 0
+            return len(infos)
         infos = [t for t in infos if t.crc32c is not None]
         return check_crcs(infos, self._fetch([t.index for t in infos], bits=True), self.path)
 
@@ -393,13 +442,13 @@ class _DataStream:
                        block_size=STREAM_BLOCK)
         self.pos = 0
 
-    def _write(self, data) -> None:
+    def write(self, data) -> None:
         _call(self.url, "upload tensor data", self.f.write, data)
         self.pos += len(data)
 
     def pad_to(self, offset: int) -> None:
         while self.pos < offset:
-            self._write(_ZEROS[:min(len(_ZEROS), offset - self.pos)])
+            self.write(_ZEROS[:min(len(_ZEROS), offset - self.pos)])
 
     def write_item(self, item: Item, offset: int, crc: bool) -> Optional[int]:
         """Writes one prepared tensor at ``offset`` (little-endian); its CRC32C when asked."""
@@ -413,14 +462,14 @@ class _DataStream:
             step = max(1, _CHUNK // item.swap)
             for i in range(0, len(elems), step):
                 piece = np.ascontiguousarray(elems[i:i + step, ::-1]).reshape(-1)
-                self._write(memoryview(piece))
+                self.write(memoryview(piece))
                 if crc:
                     c = lowlevel.crc32c(piece, c)
         else:
             view = memoryview(raw)
             for i in range(0, len(view), STREAM_BLOCK):
                 piece = view[i:i + STREAM_BLOCK]
-                self._write(piece)
+                self.write(piece)
                 if crc:
                     c = lowlevel.crc32c(piece, c)
         return c if crc else None
@@ -433,7 +482,7 @@ class _DataStream:
                 block = f.read(min(left, STREAM_BLOCK))
                 if not block:
                     raise EOFError(f"{local_path}: spool ended early")
-                self._write(block)
+                self.write(block)
                 left -= len(block)
 
     def finish(self) -> None:
@@ -506,7 +555,7 @@ def _stream_lists(stream: _DataStream, lists, plan, checksum: bool):
 
 def save(url: str, tensors, *, metadata: Any = None, alignment: int = DEFAULT_ALIGNMENT, checksum: bool = True,
          lamp: bool = False, durable: bool = True, threads: Optional[int] = None,
-         storage_options: Optional[dict] = None) -> None:
+         storage_options: Optional[dict] = None, key=None) -> None:
     """``tensorlist.save`` to a URL, streamed: the data object is uploaded as it is written, descriptor last.
 
     Nothing is staged on local disk: each tensor's bytes go to the upload
@@ -517,14 +566,16 @@ def save(url: str, tensors, *, metadata: Any = None, alignment: int = DEFAULT_AL
     Args:
         url: where the descriptor goes (the data object is written beside it).
         storage_options: passed to fsspec.
-        metadata, alignment, checksum, lamp: as :func:`tensorlist.save`.
-        durable, threads: accepted for the local API's sake; an object store's
-            upload is durable when it completes.
+        metadata, alignment, checksum, lamp, key: as :func:`tensorlist.save` (with ``key`` each
+            window of ciphertext is sealed, ``threads`` at a time, before it is uploaded).
+        durable: accepted for the local API's sake; an object store's upload
+            is durable when it completes.
     """
+    key = check_key_use(key, lamp)
     local = _backends.local_path(url)
     if local is not None:
         return writer.save(local, tensors, metadata=metadata, alignment=alignment, checksum=checksum, lamp=lamp,
-                           durable=durable, threads=threads)
+                           durable=durable, threads=threads, key=key)
     alignment = MIN_TENSOR_ALIGNMENT if lamp else check_alignment(alignment)
     metadata = check_metadata(metadata, lamp)
     fs, path = _filesystem(url, storage_options)
@@ -532,6 +583,13 @@ def save(url: str, tensors, *, metadata: Any = None, alignment: int = DEFAULT_AL
     plan = _plan_lists([items], alignment, lamp)
     stream = _DataStream(fs, path, url, lamp)
     try:
+        if key is not None:
+            seal = Seal(key, threads)
+            offsets, length = seal.stream_list(stream.pad_to, stream.write, items, 0, alignment)
+            stream.finish()
+            text = descriptor_text(seal.list_descriptor(items, offsets, stream.data_name, 0, length, metadata), False)
+            _commit(fs, path, url, text, stream.data_name)
+            return
         [(_, offsets, length, crcs)] = _stream_lists(stream, [items], plan, checksum and not lamp)
         stream.finish()
         if lamp:
@@ -552,14 +610,18 @@ class RemoteWriter(WriterBase):
     context manager) is :class:`tensorlist.Writer`'s. An object store cannot
     be written in place, so ``reserve`` returns an array in memory, uploaded at
     ``close``; tensors added after the first ``reserve`` are spooled to a local
-    temporary file until then (they must follow it in the data object).
+    temporary file until then (they must follow it in the data object). With
+    ``key`` only ciphertext reaches the upload or the spool: reserved arrays
+    are sealed at ``close``.
     """
 
     def __init__(self, url: str, *, metadata: Any = None, alignment: int = DEFAULT_ALIGNMENT,
                  checksum: bool = True, lamp: bool = False, durable: bool = True, threads: Optional[int] = None,
-                 storage_options: Optional[dict] = None):
+                 storage_options: Optional[dict] = None, key=None):
         self.url = url
-        self._setup(url, metadata, alignment, checksum, lamp)
+        key = check_key_use(key, lamp)
+        self._setup(url, metadata, alignment, checksum and key is None, lamp)
+        self._seal = Seal(key, threads) if key is not None else None
         self.fs, self._fspath = _filesystem(url, storage_options)
         self._stream = _DataStream(self.fs, self._fspath, url, lamp)
         self._spool: Optional[Tuple[str, int, int]] = None  # (temp dir, fd, data offset of its byte 0)
@@ -569,9 +631,17 @@ class RemoteWriter(WriterBase):
         return self.url
 
     def _write(self, item: Item, offset: int) -> Optional[int]:
+        sealer = self._seal.sealer if self._seal is not None else None
         if self._spool is None:
-            return self._stream.write_item(item, offset, self.checksum)
+            if sealer is None:
+                return self._stream.write_item(item, offset, self.checksum)
+            self._stream.pad_to(offset)
+            sealer.stream(len(self._book), le_bytes(item.array, item.swap), self._stream.write)
+            return None
         tmp, fd, base = self._spool
+        if sealer is not None:
+            sealer.write(fd, [(len(self._book), le_bytes(item.array, item.swap), offset - base)], tmp)
+            return None
         crcs = lowlevel.write_items(fd, [item.array], [offset - base], [item.swap], max(0, self._book.end - base),
                                      offset - base + item.nbytes, crc=self.checksum, fsync=False, sparse=False,
                                      path=tmp)
@@ -587,16 +657,26 @@ class RemoteWriter(WriterBase):
     def _finish(self, length: int, reserved) -> None:
         if self._spool is not None:
             tmp, fd, base = self._spool
-            for _, offset, arr, _ in reserved:
-                if arr.size:
+            for idx, offset, arr, _ in reserved:
+                if arr.size and self._seal is not None:
+                    self._seal.sealer.write(fd, [(idx, le_bytes(arr, 0), offset - base)], tmp)
+                elif arr.size:
                     os.pwrite(fd, arr.reshape(-1).view(np.uint8), offset - base)
             os.ftruncate(fd, length - base)
             self._stream.pad_to(base)
             self._stream.copy_from(os.path.join(tmp, "spool"), length - base)
         self._stream.pad_to(length)
+        name = self._stream.data_name
+        if self._seal is not None:  # the empty tensors' tags, then the tag region
+            self._seal.seal_missing(len(self._book))
+            tags = self._seal.tag_region(len(self._book), length)
+            self._stream.write(tags)
+            text = descriptor_text(self._seal.descriptor(self._book.entries, name, 0, length + len(tags),
+                                                         self.metadata), False)
+        else:
+            text = self._descriptor_text(name, length)
         self._stream.finish()
-        _commit(self.fs, self._fspath, self.url, self._descriptor_text(self._stream.data_name, length),
-                self._stream.data_name)
+        _commit(self.fs, self._fspath, self.url, text, name)
         self._drop_spool()
 
     def _drop_spool(self) -> None:
@@ -613,12 +693,13 @@ class RemoteWriter(WriterBase):
 
 def save_document(url: str, document: Any, *, alignment: int = DEFAULT_ALIGNMENT, checksum: bool = True,
                   durable: bool = True, threads: Optional[int] = None,
-                  storage_options: Optional[dict] = None) -> Any:
+                  storage_options: Optional[dict] = None, key=None) -> Any:
     """``tensorlist.save_document`` to a URL: every list streamed into one data object, the document last."""
+    key = check_key_use(key, False)
     local = _backends.local_path(url)
     if local is not None:
         return writer.save_document(local, document, alignment=alignment, checksum=checksum, durable=durable,
-                                    threads=threads)
+                                    threads=threads, key=key)
     check_alignment(alignment)
     found = writer.document_lists(document, url)
     fs, path = _filesystem(url, storage_options)
@@ -626,9 +707,16 @@ def save_document(url: str, document: Any, *, alignment: int = DEFAULT_ALIGNMENT
     plan = _plan_lists(lists, alignment, False)
     stream = _DataStream(fs, path, url, False)
     try:
-        layout_ = _stream_lists(stream, lists, plan, checksum)
+        layout_, descs = None, []
+        for (_, items, meta) in (found if key is not None else ()):  # each list its own salt
+            seal, start = Seal(key, threads), align(stream.pos, LIST_ALIGNMENT)
+            offsets, length = seal.stream_list(stream.pad_to, stream.write, items, start, alignment)
+            descs.append(seal.list_descriptor(items, offsets, stream.data_name, start, length, meta))
+        if key is None:
+            layout_ = _stream_lists(stream, lists, plan, checksum)
         stream.finish()
-        written, kept = writer.document_with_descriptors(document, found, layout_, stream.data_name)
+        written, kept = writer.document_with_descriptors(document, found, layout_, stream.data_name,
+                                                         descs if key is not None else None)
         _commit(fs, path, url, dumps(written) + "\n", stream.data_name, keep=kept)
     except BaseException:
         stream.discard()
@@ -638,21 +726,22 @@ def save_document(url: str, document: Any, *, alignment: int = DEFAULT_ALIGNMENT
 
 def load_document(url: str, *, mmap=True, allow_outside: bool = False,
                   max_descriptor_bytes: Optional[int] = None, max_tensors: Optional[int] = None,
-                  max_total_bytes: Optional[int] = None, storage_options: Optional[dict] = None):
+                  max_total_bytes: Optional[int] = None, storage_options: Optional[dict] = None, key=None):
     """``tensorlist.load_document`` from a URL: the document once, then each list's tensors in ranged reads."""
     mmap = read_mode(mmap)
     local = _backends.local_path(url)
     if local is not None:
         return reader.load_document(local, mmap=mmap, allow_outside=allow_outside,
                                     max_descriptor_bytes=max_descriptor_bytes, max_tensors=max_tensors,
-                                    max_total_bytes=max_total_bytes)
+                                    max_total_bytes=max_total_bytes, key=key)
     limits = Limits.of(max_descriptor_bytes, max_tensors, max_total_bytes)
     fs, path = _filesystem(url, storage_options)
     doc = _read_document(fs, path, url, limits)
     for ptr in find_tensor_lists(doc):
         with RemoteReader(url, pointer=ptr, mmap=mmap, allow_outside=allow_outside,
                           max_descriptor_bytes=max_descriptor_bytes, max_tensors=max_tensors,
-                          max_total_bytes=max_total_bytes, storage_options=storage_options, _document=doc) as r:
+                          max_total_bytes=max_total_bytes, storage_options=storage_options, key=key,
+                          _document=doc) as r:
             tensors = r.to_dict()
         if ptr == "":
             return tensors
@@ -663,11 +752,12 @@ def load_document(url: str, *, mmap=True, allow_outside: bool = False,
 def validate(url: str, *, pointer: Optional[str] = None, check_data: bool = True, verify: bool = False,
              allow_outside: bool = False, max_descriptor_bytes: Optional[int] = None,
              max_tensors: Optional[int] = None, max_total_bytes: Optional[int] = None,
-             storage_options: Optional[dict] = None) -> List[ListDescriptor]:
+             storage_options: Optional[dict] = None, key=None) -> List[ListDescriptor]:
     """``tensorlist.validate`` of a URL: the document once, the schema and rules, then each data object.
 
     ``check_data`` checks that each list's data object exists and is long
-    enough; ``verify`` also fetches the tensors and checks their CRC32Cs.
+    enough (and ``key`` against each encrypted list); ``verify`` also fetches
+    the tensors and checks their CRC32Cs (or, encrypted, every chunk's tag).
     """
     limits = Limits.of(max_descriptor_bytes, max_tensors, max_total_bytes)
     fs, path = _filesystem(url, storage_options)
@@ -679,7 +769,8 @@ def validate(url: str, *, pointer: Optional[str] = None, check_data: bool = True
         for d in descs:
             with RemoteReader(url, pointer=d.pointer, allow_outside=allow_outside,
                               max_descriptor_bytes=max_descriptor_bytes, max_tensors=max_tensors,
-                              max_total_bytes=max_total_bytes, storage_options=storage_options, _document=doc) as r:
+                              max_total_bytes=max_total_bytes, storage_options=storage_options, key=key,
+                              _document=doc) as r:
                 if verify:
                     r.verify()
     return descs

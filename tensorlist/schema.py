@@ -125,7 +125,7 @@ def validate(obj, *, pointer: Optional[str] = None, base_dir=None, check_data: b
         return backends.dispatch("validate", obj)(
             obj, pointer=pointer, check_data=check_data, verify=verify, allow_outside=allow_outside,
             max_descriptor_bytes=max_descriptor_bytes, max_tensors=max_tensors, max_total_bytes=max_total_bytes,
-            **backend_options)
+            **({"key": key} if key is not None else {}), **backend_options)
     if backend_options:
         raise TypeError(f"unexpected arguments {sorted(backend_options)}")
     file = source

@@ -82,7 +82,7 @@ def _aead(file_key: bytes):
 
 
 class Sealer:
-    """Seals one list: its tensors chunk by chunk (written with ``pwrite``), then its metadata.
+    """Seals one list: its tensors chunk by chunk (to a file with ``pwrite``, or to an upload), then its metadata.
 
     Args:
         key: the user's key.
@@ -97,17 +97,30 @@ class Sealer:
         self._aead = _aead(file_key)
         self.chunk = chunk_bytes
         self.threads = threads
-        self.tags: Dict[int, bytes] = {}
+        self.tags: Dict[int, bytes] = {}  # a tensor's tags, once all its chunks are sealed
+        self._pending: Dict[Tuple[int, int], bytes] = {}
+        self._counts: Dict[int, int] = {}
 
-    def write(self, fd: int, tensors: Sequence[Tuple[int, np.ndarray, int]], path: str) -> None:
-        """Seals and writes ``[(index, uint8 bytes, absolute file offset)]``; keeps each tensor's tags."""
+    def seal(self, tensors: Sequence[Tuple[int, np.ndarray, int]], put: Callable[[memoryview, int], None],
+             chunks: Optional[Tuple[int, int]] = None) -> None:
+        """Seals ``[(index, uint8 bytes, offset of byte 0)]`` in parallel; keeps each tensor's tags.
+
+        The one chunk scheme of every writer: ``put(ciphertext, offset)`` receives
+        each chunk's ciphertext (a scratch view, valid during the call) and
+        where it goes, from worker threads; the sink alone differs (``write``:
+        ``pwrite`` to a file; ``stream``: an ordered upload). ``chunks=(j0, j1)``
+        seals only those chunks of a single tensor; its tags are kept once
+        every chunk is sealed.
+        """
         C, aead = self.chunk, self._aead
         into = hasattr(aead, "encrypt_into")
         jobs = []
         for index, data, offset in tensors:
             k = chunk_count(len(data), C)
-            jobs.extend((index, j, data[j * C:(j + 1) * C], offset + j * C, j == k - 1) for j in range(k))
-        out: Dict[Tuple[int, int], bytes] = {}
+            self._counts[index] = k
+            j0, j1 = chunks if chunks is not None else (0, k)
+            jobs.extend((index, j, data[j * C:(j + 1) * C], offset + j * C, j == k - 1) for j in range(j0, j1))
+        out = self._pending
 
         def work(group, scratch):
             buf = memoryview(scratch)
@@ -117,17 +130,49 @@ class Sealer:
                     aead.encrypt_into(nonce(index, j), chunk, _AAD[last], buf[:m + TAG_BYTES])
                 else:  # cryptography < 47
                     buf[:m + TAG_BYTES] = aead.encrypt(nonce(index, j), chunk, _AAD[last])
-                done = 0
-                while done < m:
-                    try:
-                        done += os.pwrite(fd, buf[done:m], off + done)
-                    except OSError as e:
-                        raise OSError(e.errno, f"{e.strerror} (writing {path!r})") from None
+                if m:
+                    put(buf[:m], off)
                 out[index, j] = bytes(buf[m:m + TAG_BYTES])
 
         _run(jobs, work, self.threads, C + TAG_BYTES)
-        for index, data, _ in tensors:
-            self.tags[index] = b"".join(out[index, j] for j in range(chunk_count(len(data), C)))
+        for index, _, _ in tensors:
+            k = self._counts[index]
+            if all((index, j) in out for j in range(k)):
+                self.tags[index] = b"".join(out.pop((index, j)) for j in range(k))
+
+    def write(self, fd: int, tensors: Sequence[Tuple[int, np.ndarray, int]], path: str) -> None:
+        """Seals and writes ``[(index, uint8 bytes, absolute file offset)]`` with ``pwrite``."""
+        def put(buf, off):
+            done = 0
+            while done < len(buf):
+                try:
+                    done += os.pwrite(fd, buf[done:], off + done)
+                except OSError as e:
+                    raise OSError(e.errno, f"{e.strerror} (writing {path!r})") from None
+
+        self.seal(tensors, put)
+
+    def stream(self, index: int, data: np.ndarray, write: Callable[[np.ndarray], None],
+               window: int = 16 << 20) -> None:
+        """Seals one tensor in file order, handing ``write`` its ciphertext ``window`` bytes at a time.
+
+        For a sink that only appends (an upload): chunks are sealed in
+        parallel a window at a time, so memory stays at one window.
+        """
+        C = self.chunk
+        k = chunk_count(len(data), C)
+        step = max(1, window // C)
+        for j0 in range(0, k, step):
+            j1 = min(k, j0 + step)
+            lo = j0 * C
+            buf = np.empty(min(len(data), j1 * C) - lo, np.uint8)
+
+            def put(chunk, off, buf=buf, lo=lo):
+                buf[off - lo:off - lo + len(chunk)] = np.frombuffer(chunk, np.uint8)
+
+            self.seal([(index, data, 0)], put, (j0, j1))
+            if len(buf):
+                write(buf)
 
     def tag_bytes(self, count: int) -> bytes:
         """The tag region of a list of ``count`` tensors, in file order."""

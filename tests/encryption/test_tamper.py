@@ -126,6 +126,15 @@ subject("validate-verify", _save, lambda t, k: tl.validate(t.path, verify=True, 
 subject("writer-load", _writer, lambda t, k: tl.load(t.path, key=k))
 subject("load_document", _document, lambda t, k: tl.load_document(t.path, key=k))
 subject("load-pointer", _document, lambda t, k: tl.load(t.path, pointer=t.pointer, key=k))
+
+
+def _remote_read(t: Target, key):
+    """The fsspec reader (file:// through fsspec's local filesystem): ranged reads, then the Opener."""
+    from tensorlist.remote import RemoteReader
+    return RemoteReader("file://" + t.path, key=key).to_dict()
+
+
+subject("remote-reader", _save, _remote_read)
 subject("cli-verify-decrypt", _save, cli_read)  # tensorlist validate --verify --key-file, tensorlist decrypt
 
 
