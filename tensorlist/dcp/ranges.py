@@ -15,6 +15,12 @@ a run of file-adjacent ranges in one call scattered straight into their
 destinations. A slice of more than ``MAX_RUNS`` runs (a column of a tall
 matrix) reads its bounding range once instead, and is narrowed in memory.
 
+The ranges are raw bytes of the data files, read past the reader: only a
+plain shard's are tensor bytes. An encrypted shard's ranges are ciphertext,
+so ``dcp.shards.Shards.locate`` (where every range's place comes from)
+refuses it, and ``TensorListReader`` reads its chunks whole through the
+keyed reader instead: nothing here ever returns ciphertext as data.
+
 Imports ``errors``, ``format`` and numpy; never torch.
 
 Example:

@@ -4,6 +4,10 @@ Step 5: each shard file is a valid TensorList (every rule of FORMAT.md 2.3: a
 truncated data file is refused) and holds the named tensor with the chunk's
 dtype and shape (uint8 ``[byteLength]`` for bytes).
 
+Encrypted shards (``TensorListWriter(encryption_key=)``) are read with
+``key=``: each chunk is then decrypted whole through its shard's reader,
+never located for a raw byte-range read (:meth:`Shards.locate` refuses).
+
 Imports ``dcp.layout``, ``dcp.metadata``, ``dcp.tiling``, ``reader``, ``format``, ``dtypes``, ``errors``
 and numpy; never torch.
 """
@@ -15,7 +19,7 @@ from typing import Any, Dict, Optional, Tuple
 import numpy as np
 
 from tensorlist._base import dtypes
-from tensorlist.errors import FormatError
+from tensorlist.errors import EncryptionError, FormatError
 from tensorlist.format import Limits
 from tensorlist.reader import Reader, read_mode
 from tensorlist.dcp.layout import StorageEntry, TensorMeta, confine, decode_value, join
@@ -34,6 +38,8 @@ class Shards:
             the reader). Anything else is a ValueError.
         verify: check each tensor's CRC32C when it is first read.
         limits: policy limits for the shard descriptors.
+        key: the key of encrypted shards (a ``tensorlist.Key`` or 32 bytes);
+            a shard it does not open raises ``EncryptionError`` naming it.
 
     Example:
         >>> ckpt = read_metadata(ckpt_dir)  # doctest: +SKIP
@@ -41,8 +47,9 @@ class Shards:
         ...     arrays = [shards.array(e) for e in ckpt.storage.values() if e.offset is not None]
     """
 
-    def __init__(self, path, *, mmap=True, verify: bool = False, limits: Limits = Limits()):
+    def __init__(self, path, *, mmap=True, verify: bool = False, limits: Limits = Limits(), key=None):
         self.path = os.fspath(path)
+        self.key = key
         self.mmap = read_mode(mmap)
         self.verify = verify
         self.limits = limits
@@ -55,7 +62,8 @@ class Shards:
             path = confine(self.path, name, "shard file")
             try:
                 r = Reader(path, mmap=self.mmap, max_descriptor_bytes=self.limits.max_descriptor_bytes,
-                           max_tensors=self.limits.max_tensors, max_total_bytes=self.limits.max_total_bytes)
+                           max_tensors=self.limits.max_tensors, max_total_bytes=self.limits.max_total_bytes,
+                           key=self.key)
             except FileNotFoundError as e:
                 missing = getattr(e, "filename", None) or path
                 raise FormatError(f"shard file {name!r} of the checkpoint is missing ({missing})",
@@ -97,8 +105,17 @@ class Shards:
             self._checked(entry, verify)
 
     def locate(self, entry: StorageEntry) -> Tuple[str, int, str]:
-        """Where a stored chunk's bytes lie: ``(data file, byte offset in it, shard descriptor)``, checked first."""
+        """Where a stored chunk's bytes lie: ``(data file, byte offset in it, shard descriptor)``, checked first.
+
+        For the raw byte-range reads of ``dcp.ranges``, which bypass the reader: an encrypted shard's bytes
+        there are ciphertext, so it is refused (``EncryptionError`` naming the shard) and read whole with
+        its key through :meth:`array` instead.
+        """
         r = self._checked(entry, False)
+        if r.encrypted:
+            r.require_key()
+            raise EncryptionError("the shard is encrypted: its chunks are read whole through the keyed reader, "
+                                  "never as raw byte ranges", file=r.path, tensor_name=entry.tensor)
         d = r.descriptor
         return d.data_path, d.byte_offset + r.info(entry.tensor).byte_offset, r.path
 
@@ -127,7 +144,8 @@ class Shards:
         self.close()
 
 
-def validate_checkpoint(path, *, verify: bool = False, schema: bool = True, limits: Limits = Limits()) -> Checkpoint:
+def validate_checkpoint(path, *, verify: bool = False, schema: bool = True, limits: Limits = Limits(),
+                        key=None) -> Checkpoint:
     """Checks a whole checkpoint: the metadata, then every shard file and every stored chunk.
 
     Args:
@@ -135,6 +153,7 @@ def validate_checkpoint(path, *, verify: bool = False, schema: bool = True, limi
         verify: also check every tensor's CRC32C (reads every byte).
         schema: also validate the metadata with jsonschema against the shipped schema.
         limits: policy limits for the metadata and the shard descriptors.
+        key: opens encrypted shards (their bytes entries are decoded, so it is needed).
 
     Returns:
         the checked :class:`Checkpoint`.
@@ -146,14 +165,14 @@ def validate_checkpoint(path, *, verify: bool = False, schema: bool = True, limi
             match its stored tensor, overlapping chunks, a gap...
     """
     ckpt = read_metadata(path, limits=limits, schema=schema)
-    with Shards(ckpt.path, mmap=False, limits=limits) as shards:
+    with Shards(ckpt.path, mmap=False, limits=limits, key=key) as shards:
         shards.check_all(ckpt, verify=verify)
         for fqn in ckpt.bytes_keys:  # each value decodes (a malformed tagged value is refused here too)
             shards.value(ckpt.storage[(fqn, None)])
     return ckpt
 
 
-def read_full(path, *, verify: bool = False, mmap=True, limits: Limits = Limits()) -> Dict[str, Any]:
+def read_full(path, *, verify: bool = False, mmap=True, limits: Limits = Limits(), key=None) -> Dict[str, Any]:
     """Every tensor of a checkpoint assembled whole from its chunks, with numpy alone.
 
     Args:
@@ -162,6 +181,7 @@ def read_full(path, *, verify: bool = False, mmap=True, limits: Limits = Limits(
         mmap: read the shards through memory maps (the default; ``"copy"`` is
             accepted, the result being new arrays anyway) or with pread.
         limits: policy limits for the metadata and the shard descriptors.
+        key: opens encrypted shards (each chunk decrypted into private memory).
 
     Returns:
         fqn -> value, in the saved state dict's order (flattened keys, as DCP
@@ -181,7 +201,7 @@ def read_full(path, *, verify: bool = False, mmap=True, limits: Limits = Limits(
     mmap = read_mode(mmap)
     ckpt = read_metadata(path, limits=limits)
     out: Dict[str, Any] = {}
-    with Shards(ckpt.path, mmap=mmap, verify=verify, limits=limits) as shards:
+    with Shards(ckpt.path, mmap=mmap, verify=verify, limits=limits, key=key) as shards:
         shards.check_all(ckpt)  # every shard there and holding its chunks before a tensor is allocated
         for fqn, t in ckpt.entries.items():
             if t is None:

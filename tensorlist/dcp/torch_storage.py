@@ -23,6 +23,14 @@ What changes is the storage (docs/FORMAT.md, "Distributed checkpoints (DCP)"):
   killed before its commit leaves the previous checkpoint in the same
   directory intact; the next committed save deletes what older saves left.
 
+With ``encryption_key=`` (a ``tensorlist.Key`` or 32 bytes) each shard is
+an encrypted list (``tensorlist.save(key=)``: chunks, bytes entries and
+shard metadata sealed) and ``TensorListReader(encryption_key=)`` reads each
+chunk whole through the keyed reader (no raw byte ranges: they would be
+ciphertext). ``.metadata.json`` stays plain: it holds the fqns, dtypes,
+shapes and chunk offsets (what DCP plans with before any shard is opened),
+never a tensor's bytes or a bytes entry's value.
+
 ``dcp.async_save`` works with this writer as its own stager (a CPU copy kept
 across saves) and with torch's ``DefaultStager(StagingOptions(...))`` and
 ``async_checkpointer_type=PROCESS`` (tests/dcp/test_dcp_async.py).
@@ -73,6 +81,7 @@ from tensorlist._base import dtypes
 import tensorlist.torch as staging
 from tensorlist._base.jsonio import dumps, to_tagged
 from tensorlist._bridges.torch import from_numpy, to_numpy, torch_dtype
+from tensorlist.crypto.keys import as_key
 from tensorlist.dcp.layout import (DCP_VERSION, METADATA_NAME, Checkpoint, StorageEntry, TensorMeta, bytes_key, commit_metadata,
                      encode_entry, holds, is_save_file, join, listing, shard_name, tensor_key)
 from tensorlist.dcp.metadata import metadata_document, parse_metadata, read_metadata
@@ -167,6 +176,9 @@ class TensorListWriter(_CheckpointPath, StorageWriter, BlockingAsyncStager):
             keeps its staged storages). Faulting in fresh memory for every
             save makes the loop wait several times longer (bench/bench_dcp.py);
             pass False to give the copy back after each save.
+        encryption_key: encrypt every shard (a ``tensorlist.Key`` or 32
+            bytes); ``.metadata.json`` stays plain (shapes, dtypes, offsets).
+            A Key is never pickled: no ``async_checkpointer_type=PROCESS``.
 
     Raises (from ``dcp.save``, wrapped by DCP in a CheckpointException):
         TypeError: a non-tensor value is not JSON, or a tensor cannot be
@@ -174,8 +186,10 @@ class TensorListWriter(_CheckpointPath, StorageWriter, BlockingAsyncStager):
     """
 
     def __init__(self, path, *, allow_pickle: bool = False, durable: bool = True, overwrite: bool = True,
-                 checksum: bool = True, threads: Optional[int] = None, cache_staged_state_dict: bool = True):
+                 checksum: bool = True, threads: Optional[int] = None, cache_staged_state_dict: bool = True,
+                 encryption_key=None):
         StorageWriter.__init__(self)
+        self.encryption_key = as_key(encryption_key)
         BlockingAsyncStager.__init__(self, cache_staged_state_dict=cache_staged_state_dict)
         self.path = os.fspath(path)
         self.allow_pickle = allow_pickle
@@ -266,7 +280,7 @@ class TensorListWriter(_CheckpointPath, StorageWriter, BlockingAsyncStager):
             results.append(WriteResult(index=item.index, size_in_bytes=entry.byte_length, storage_data=entry))
         if arrays:
             save(join(self.path, shard.name), arrays, metadata={"dcp": {"saveId": shard.save_id, "rank": self.rank}},
-                 durable=self.durable, checksum=self.checksum, threads=self.threads)
+                 durable=self.durable, checksum=self.checksum, threads=self.threads, key=self.encryption_key)
         fut: Future = Future()
         fut.set_result(results)
         return fut
@@ -559,6 +573,10 @@ class TensorListReader(_CheckpointPath, StorageReader):
         verify: check the CRC32C of every chunk read (each chunk is then read
             whole: a CRC covers the chunk).
         limits: policy limits for the metadata and shard descriptors.
+        encryption_key: the key of encrypted shards: each chunk is then read
+            whole and decrypted (into private memory), then narrowed, as
+            with ``verify``. Without it an encrypted shard raises
+            ``EncryptionError`` naming the shard.
 
     Raises (from ``dcp.load``, wrapped by DCP in a CheckpointException):
         FormatError: the checkpoint breaks a rule of its layout (naming the
@@ -566,8 +584,9 @@ class TensorListReader(_CheckpointPath, StorageReader):
     """
 
     def __init__(self, path, *, allow_pickle: bool = False, mmap=True, verify: bool = False,
-                 limits: Limits = Limits()):
+                 limits: Limits = Limits(), encryption_key=None):
         super().__init__()
+        self.encryption_key = as_key(encryption_key)
         self.path = os.fspath(path)
         self.allow_pickle = allow_pickle
         self.mmap = read_mode(mmap)
@@ -603,10 +622,11 @@ class TensorListReader(_CheckpointPath, StorageReader):
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future:
         """Reads the plan's slices: only their bytes (``dcp.ranges``), sorted by (file, offset), adjacent ones joined.
 
-        With ``verify`` (a CRC covers a whole chunk) or at a URL, each chunk
-        is read whole (mapped with ``mmap``) and narrowed instead.
+        With ``verify`` (a CRC covers a whole chunk), at a URL, or with an
+        ``encryption_key`` (a chunk is decrypted whole), each chunk is read
+        whole (mapped with ``mmap``) and narrowed instead.
         """
-        if self.verify or backends.is_remote(self.path):
+        if self.verify or backends.is_remote(self.path) or self.encryption_key is not None:
             self._read_whole(plan, planner)
         else:
             self._read_ranges(plan, planner)
@@ -624,7 +644,7 @@ class TensorListReader(_CheckpointPath, StorageReader):
 
     def _read_ranges(self, plan: LoadPlan, planner: LoadPlanner) -> None:
         pending, ring = [], []
-        with Shards(self.path, mmap=False, limits=self.limits) as shards, RangeReads() as reads:
+        with Shards(self.path, mmap=False, limits=self.limits) as shards, RangeReads() as reads:  # plain shards
             for req in plan.items:
                 entry: StorageEntry = self.storage[req.storage_index]
                 if req.type == LoadItemType.BYTE_IO:
@@ -645,7 +665,8 @@ class TensorListReader(_CheckpointPath, StorageReader):
             planner.commit_tensor(req, target)
 
     def _read_whole(self, plan: LoadPlan, planner: LoadPlanner) -> None:
-        with Shards(self.path, mmap=self.mmap, verify=self.verify, limits=self.limits) as shards:
+        with Shards(self.path, mmap=self.mmap, verify=self.verify, limits=self.limits,
+                    key=self.encryption_key) as shards:
             for req in sorted(plan.items, key=lambda r: self.storage[r.storage_index].file):
                 entry: StorageEntry = self.storage[req.storage_index]
                 if req.type == LoadItemType.BYTE_IO:
