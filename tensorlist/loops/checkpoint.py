@@ -43,6 +43,14 @@ drop empty dicts. This module reads it without torch:
 :func:`read_sharded_loop_state` (the JSON only, for resuming) and
 :func:`read_checkpoint` on the directory (everything, for inspection).
 
+**Encrypted** checkpoints (``key=``, the loops' ``encryption_key``): every
+TensorList of a document is encrypted (its tensors and its metadata: the
+model list's records, the optimizer's JSON), and the document's top-level
+copy of the records is left out (the model list's sealed copy is the one
+read back); the rest of the document (epochs, learning curve, schedule
+states) stays readable. A sharded checkpoint's shards are encrypted, the
+loop state with them; its ``.metadata.json`` stays plain (``tensorlist.dcp``).
+
 Imports ``format``, ``_storage.datafile``, ``_base.jsonio``, ``writer``, ``dcp`` and ``loops.state``.
 """
 from __future__ import annotations
@@ -212,9 +220,15 @@ def loop_document(loop_type: str, *, simple: Optional[dict], swa: Optional[dict]
     return doc
 
 
-def write_checkpoint(path, document: Mapping) -> None:
-    """Writes ``document`` to ``path`` atomically (``save_document``: one data file for all its lists)."""
-    save_document(path, document)
+def write_checkpoint(path, document: Mapping, *, key=None) -> None:
+    """Writes ``document`` to ``path`` atomically (``save_document``: one data file for all its lists).
+
+    With ``key`` every list is encrypted and the top-level ``training``/``dataset_params`` are left out: the
+    model list's metadata, sealed, holds the same records.
+    """
+    if key is not None:
+        document = {k: v for k, v in document.items() if k not in ("training", "dataset_params")}
+    save_document(path, document, key=key)
 
 
 def loop_state_text(document: Mapping) -> str:
@@ -254,7 +268,7 @@ def _keep_list_metadata(doc: Mapping) -> None:
             phase["modelMetadata"] = phase["model"].get("metadata")
 
 
-def read_checkpoint(path) -> dict:
+def read_checkpoint(path, *, key=None) -> dict:
     """Reads a loop checkpoint: the document with every TensorList replaced by its arrays.
 
     The file is read once (strictly, under the descriptor size cap, refusing
@@ -272,15 +286,19 @@ def read_checkpoint(path) -> dict:
     ``param_groups.<i>.<key>``, values included), and the ranks' generator
     states as ``tensorlist.rngByRank``.
 
+    ``key`` opens an encrypted checkpoint: each list is unlocked with it
+    (its metadata decrypted in place in the document) before it is read.
+
     Raises:
         FileNotFoundError: no such checkpoint.
+        EncryptionError: an encrypted checkpoint without its key or with another (naming the file).
         FormatError: the file is not a valid tensorlist document (or the
             directory not a valid DCP checkpoint of ``tensorlist.dcp``).
         ValueError: the document is not a loop checkpoint.
     """
     path = os.fspath(path)
     if is_sharded_checkpoint(path):
-        return _read_sharded(path)
+        return _read_sharded(path, key)
     base = os.path.dirname(os.path.abspath(path))
     limits = Limits()
     read: Dict[str, Any] = {}
@@ -297,6 +315,10 @@ def read_checkpoint(path) -> dict:
         raise FileNotFoundError(f"checkpoint {path!r} does not exist") from e
     doc = read["doc"]
     try:
+        for desc, data in zip(descs, datas):  # as reader.load_document: a wrong key before any tensor is read
+            meta = data.unlock(key)
+            if data.opener is not None:
+                resolve_pointer(doc, desc.pointer)["metadata"] = meta
         _keep_list_metadata(doc)
         for desc, data in zip(descs, datas):
             doc = set_at_pointer(doc, desc.pointer, data.read_all())
@@ -336,7 +358,7 @@ def _untag_extension(doc: Mapping, file: str) -> None:
                 ext[key] = from_tagged(ext[key], file=file, where=f"tensorlist.{key}")
 
 
-def read_sharded_loop_state(path, *, ranks: Optional[Sequence[int]] = None) -> Tuple[dict, Checkpoint]:
+def read_sharded_loop_state(path, *, ranks: Optional[Sequence[int]] = None, key=None) -> Tuple[dict, Checkpoint]:
     """The loop state of the sharded checkpoint in directory ``path``, without its tensors, and its DCP metadata.
 
     Reads the metadata (checked as ``tensorlist.dcp`` checks it), the
@@ -344,7 +366,7 @@ def read_sharded_loop_state(path, *, ranks: Optional[Sequence[int]] = None) -> T
     every rank that saved one); the tensors stay in their shards (``{"dcp":
     key}`` references in the document). The generator states come back as
     ``doc["tensorlist"]["rngByRank"]``: ``{rank: state}``, for the ranks asked
-    that have one.
+    that have one. ``key`` opens encrypted shards.
 
     Raises:
         FileNotFoundError: no committed checkpoint in ``path``.
@@ -356,7 +378,7 @@ def read_sharded_loop_state(path, *, ranks: Optional[Sequence[int]] = None) -> T
     loop_key = SHARDED_KEYS["loop"]
     if (loop_key, None) not in ckpt.storage:
         raise ValueError(f"{path}: a DCP checkpoint without a {loop_key!r} entry is not a loop checkpoint")
-    with Shards(path, mmap=False) as shards:
+    with Shards(path, mmap=False, key=key) as shards:
         doc = _text_entry(ckpt, shards, loop_key)
         _check_type(doc, path)
         saved = sorted(i for i in (array_index(k[4:]) for k in ckpt.bytes_keys if k.startswith("rng."))
@@ -369,10 +391,10 @@ def read_sharded_loop_state(path, *, ranks: Optional[Sequence[int]] = None) -> T
     return doc, ckpt
 
 
-def _read_sharded(path: str) -> dict:
+def _read_sharded(path: str, key=None) -> dict:
     """A sharded checkpoint read whole: its loop state with each reference replaced by the arrays it names."""
-    doc, _ = read_sharded_loop_state(path)
-    values = read_full(path)
+    doc, _ = read_sharded_loop_state(path, key=key)
+    values = read_full(path, key=key)
     parts: Dict[str, Dict[str, Any]] = {}
     for key in SHARDED_KEYS.values():
         prefix = key + "."

@@ -18,6 +18,7 @@ import os
 import types
 from typing import Any, Callable, FrozenSet, Mapping, Optional, Tuple, Union
 
+from tensorlist.crypto.keys import as_key
 from tensorlist.provenance.record import validate_dataset_params
 from tensorlist.loops.batches import supervised_step
 from tensorlist.loops.schedules import CyclicSWA, Decrement, Noop
@@ -85,6 +86,7 @@ class LoopConfig:
     solver_params: Mapping[str, Any]
     device: Any
     signing_key: Any = None
+    encryption_key: Any = None
 
     @property
     def solver(self) -> str:
@@ -171,7 +173,7 @@ class LoopConfig:
             handlers=types.MappingProxyType(handlers), progress=a["progress"], dataset_params=dataset_params,
             seed=a["seed"], initial_weights=a["initial_weights"],
             solver_params=types.MappingProxyType(solver_params), device=a["device"],
-            signing_key=a.get("signing_key"),
+            signing_key=a.get("signing_key"), encryption_key=as_key(a.get("encryption_key")),
         )
 
 
@@ -217,6 +219,10 @@ ARGS_DOC = """
             ``NAME.provenance.json`` beside a file, ``model.sig`` and
             ``model.provenance.json`` inside a sharded checkpoint's directory
             (docs/PROVENANCE.md); None: nothing is signed.
+        encryption_key: a ``tensorlist.Key`` (or 32 bytes): each model file
+            and checkpoint is encrypted with it (tensors and list metadata,
+            the training records included; a sharded checkpoint's shards),
+            and a resume reads the checkpoint with it. None: nothing is encrypted.
         device: moves the model there; the default step moves each batch there.
         seed: seeds torch, numpy and ``random`` when a fresh run starts
             (a resumed run restores their states from the checkpoint); recorded.

@@ -121,7 +121,7 @@ class Run:
             recorded, cfg.optimizer, loss=getattr(cfg.step, "loss_fn", None),
             train_loader=stream_settings(cfg.train), epochs=cfg.epochs_asked, scheduler=sched, scheduler_step="epoch", seed=cfg.seed,
             initial_weights=cfg.initial_weights, validation=validation, solver=cfg.solver,
-            solver_params=dict(cfg.solver_params),
+            solver_params=dict(cfg.solver_params), encryption_key=cfg.encryption_key,
         )
 
     def progress(self) -> bool:
@@ -225,10 +225,10 @@ class Run:
         if is_sharded_checkpoint(path):
             from tensorlist.loops.sharded import ShardedCheckpoint  # torch.distributed.checkpoint: only for sharded runs
 
-            doc, meta = read_sharded_loop_state(path, ranks=(self.rank, 0))
-            store = ShardedCheckpoint(path)
+            doc, meta = read_sharded_loop_state(path, ranks=(self.rank, 0), key=cfg.encryption_key)
+            store = ShardedCheckpoint(path, encryption_key=cfg.encryption_key)
         else:
-            doc = read_checkpoint(path)
+            doc = read_checkpoint(path, key=cfg.encryption_key)
         ext, kind, phase, simple_doc = self._check_loop_state(doc, path)
         state = state_from_phase(phase, kind)
         has_min = kind == "simple" and phase.get("minValidationLossModel") is not None
@@ -253,8 +253,9 @@ class Run:
         rng = self._checked_rng(ext, path, sharded=store is not None)
 
         # every check passed: from here on the run takes the checkpoint's state
-        if "training" in doc:  # first: it reads (and checks) the training record; its paths from the checkpoint's place
-            self.recorder.resume(doc["training"], directory=path if store is not None else os.path.dirname(path))
+        training = doc.get("training", (phase.get("modelMetadata") or {}).get("training"))  # encrypted: sealed there
+        if training is not None:  # first: it reads (and checks) the training record; its paths from the checkpoint's place
+            self.recorder.resume(training, directory=path if store is not None else os.path.dirname(path))
         self.base_lrs = list(ext["baseLearningRates"])
         if cfg.lr_scheduler is not None:
             cfg.lr_scheduler.load_state_dict(ext["lrScheduler"])
@@ -495,7 +496,7 @@ class Run:
             if self._store is None:
                 from tensorlist.loops.sharded import ShardedCheckpoint  # torch.distributed.checkpoint: only for sharded runs
 
-                self._store = ShardedCheckpoint(path)
+                self._store = ShardedCheckpoint(path, encryption_key=self.cfg.encryption_key)
             swa_n = self.swa.number_of_averaged_models if self.swa is not None else 0
             key = self.cfg.signing_key if self.rank == 0 else None
             with signed_save(path, key):  # rank 0 signs the directory, once the save is committed
@@ -510,7 +511,7 @@ class Run:
         else:
             if self.rank == 0:
                 with signed_save(path, self.cfg.signing_key):
-                    write_checkpoint(path, self.checkpoint_document())
+                    write_checkpoint(path, self.checkpoint_document(), key=self.cfg.encryption_key)
             if self.distributed:
                 dist.barrier()
         if self.rank == 0:
@@ -541,7 +542,7 @@ class Run:
             rec["weights"]["validation"] = value
         with signed_save(path, self.cfg.signing_key):
             save_model_file(path, state_to_numpy(weights, bits=True), training=rec,
-                            dataset_params=self.cfg.dataset_params)
+                            dataset_params=self.cfg.dataset_params, key=self.cfg.encryption_key)
         self.files[kind] = path
 
     def save_best(self) -> None:

@@ -97,8 +97,9 @@ class ShardedCheckpoint:
         path: the checkpoint directory.
     """
 
-    def __init__(self, path):
+    def __init__(self, path, *, encryption_key=None):
         self.path = os.fspath(path)
+        self.encryption_key = encryption_key  # every shard encrypted with it, and read with it
         self._writer: Optional[TensorListWriter] = None
 
     # --- saving ------------------------------------------------------------------
@@ -126,7 +127,7 @@ class ShardedCheckpoint:
         if averaged is not None:
             sd[k["averaged"]] = module_state(averaged)
         if self._writer is None:
-            self._writer = TensorListWriter(self.path)
+            self._writer = TensorListWriter(self.path, encryption_key=self.encryption_key)
         with _alone_is_meant():
             dcp.save(sd, storage_writer=self._writer, no_dist=_no_dist())
 
@@ -175,7 +176,7 @@ class ShardedCheckpoint:
         names = _param_names(module)
         groups = optimizer.param_groups
         saved_groups: List[Dict[str, Any]] = []
-        with Shards(self.path, mmap=False) as shards:
+        with Shards(self.path, mmap=False, key=self.encryption_key) as shards:
             i = 0
             while (f"{prefix}param_groups.{i}.params", None) in ckpt.storage:
                 g_prefix = f"{prefix}param_groups.{i}."
@@ -218,14 +219,17 @@ class ShardedCheckpoint:
         if min_model:
             sd[k["min_model"]] = {n: v.clone() for n, v in module_state(module).items()}
         with _alone_is_meant():
-            dcp.load(sd, storage_reader=TensorListReader(self.path), no_dist=_no_dist())
+            dcp.load(sd, storage_reader=self._reader(), no_dist=_no_dist())
         set_model_state_dict(module, sd[k["model"]])
         set_optimizer_state_dict(module, optimizer, sd[k["optimizer"]])
         return sd.get(k["min_model"])
+
+    def _reader(self) -> TensorListReader:
+        return TensorListReader(self.path, encryption_key=self.encryption_key)
 
     def load_averaged(self, averaged: torch.nn.Module) -> None:
         """Loads the SWA average's weights into ``averaged`` (collective)."""
         sd = {SHARDED_KEYS["averaged"]: {n: v.clone() for n, v in module_state(averaged).items()}}
         with _alone_is_meant():
-            dcp.load(sd, storage_reader=TensorListReader(self.path), no_dist=_no_dist())
+            dcp.load(sd, storage_reader=self._reader(), no_dist=_no_dist())
         averaged.load_state_dict(sd[SHARDED_KEYS["averaged"]])

@@ -162,7 +162,7 @@ def epochs(model: torch.nn.Module, optimizer: torch.optim.Optimizer, train, *, m
            validation_loss_exponential_smoothing_factor: float = 1.0, handlers: Optional[Mapping] = None,
            progress: Optional[bool] = None, dataset_params: Optional[Mapping] = None, seed: Optional[int] = None,
            initial_weights: Optional[Mapping] = None, solver_params: Optional[Mapping] = None,
-           device=None, signing_key=None) -> LoopResult:
+           device=None, signing_key=None, encryption_key=None) -> LoopResult:
     """lamp's ``IOLoops.epochs``: train up to ``max_epochs`` epochs with validation, checkpoints and resume.
 
     Each epoch (0-based index ``e``): the schedule gives a factor (stop if
@@ -194,7 +194,7 @@ def swa_epochs(model, optimizer, train, *, max_epochs: int, swa_schedule=None, s
                resume=None, checkpoint_format: str = "document", validation_frequency: int = 1, lr_scheduler=None,
                accumulate_gradient_over_n_batches: int = 1, forward_pass_after_training: bool = True,
                handlers=None, progress=None, dataset_params=None, seed=None, initial_weights=None,
-               solver_params=None, device=None, signing_key=None) -> LoopResult:
+               solver_params=None, device=None, signing_key=None, encryption_key=None) -> LoopResult:
     """lamp's ``SWA.epochs``: stochastic weight averaging with a constant or cyclic schedule.
 
     Each epoch: the SWA schedule gives ``(factor, accumulate)``; train at
@@ -228,7 +228,7 @@ def with_swa(model, optimizer, train, *, warmup_epochs: int, swa_epochs: int, st
              accumulate_gradient_over_n_batches: int = 1, forward_pass_after_training: bool = True,
              validation_loss_exponential_smoothing_factor: float = 1.0, handlers=None, progress=None,
              dataset_params=None, seed=None, initial_weights=None, solver_params=None, device=None,
-             signing_key=None) -> LoopResult:
+             signing_key=None, encryption_key=None) -> LoopResult:
     """lamp's ``IOLoops.withSWA``: ``warmup_epochs`` of :func:`epochs`, then ``swa_epochs`` of SWA.
 
     Validation runs every epoch in both phases (as in lamp). Checkpoints are
