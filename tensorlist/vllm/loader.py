@@ -18,7 +18,12 @@ the tensor and the file.
 ``model_loader_extra_config``: ``verify`` (check the directory's signature before any weight is read,
 see ``tensorlist.provenance.signing``; refused when there is none), with ``public_key`` (a PEM path) or
 ``certificate_chain`` (PEM paths), and ``signature`` (default ``DIR/model.sig``, where ``tensorlist
-sign DIR`` writes it). Registered by :func:`tensorlist.vllm.register`; imports vLLM and torch.
+sign DIR`` writes it); ``key_file`` (a file of the 32 raw bytes of a ``tensorlist.Key``, as vLLM's
+tensorizer format takes its ``encryption_keyfile``): encrypted shards are then opened with it and each
+tensor is decrypted (by ``Reader(key=...)``, every chunk authenticated) into private memory before a
+weight loader sees it; the model never gets ciphertext. Without it an encrypted shard fails the load
+with an ``EncryptionError`` naming the file. Registered by :func:`tensorlist.vllm.register`; imports
+vLLM and torch.
 """
 from __future__ import annotations
 
@@ -37,14 +42,15 @@ from vllm.model_executor.model_loader.base_loader import BaseModelLoader
 
 from tensorlist._bridges.torch import from_numpy
 from tensorlist.convert.modeldir import TL_INDEX, TL_WEIGHTS, weight_files
-from tensorlist.errors import FormatError, SignatureError, TensorListError
+from tensorlist.crypto import Key
+from tensorlist.errors import EncryptionError, FormatError, SignatureError, TensorListError
 from tensorlist.reader import Reader
 
 __all__ = ["TensorListModelLoader", "register_loader", "LOAD_FORMAT"]
 
 LOAD_FORMAT = "tensorlist"
 #: the keys ``model_loader_extra_config`` may hold
-EXTRA_KEYS = frozenset(("verify", "public_key", "certificate_chain", "signature"))
+EXTRA_KEYS = frozenset(("verify", "public_key", "certificate_chain", "signature", "key_file"))
 
 # under vLLM's logger ("vllm"), so that its handler, format and level apply
 logger = init_logger("vllm.tensorlist")
@@ -57,8 +63,10 @@ class _Weights:
     touches them, and a weight loader that writes into one never reaches the file.
     """
 
-    def __init__(self, files: List[str], rank: Optional[int] = None, populate: bool = False):
+    def __init__(self, files: List[str], rank: Optional[int] = None, populate: bool = False,
+                 key: Optional[Key] = None):
         self.files = files
+        self.key = key  # opens encrypted shards; their tensors are decrypted, never mapped
         self.rank = rank  # under tensor parallelism: log the bytes of each shard this rank touched
         self.populate = populate  # read each whole shard as it opens (every byte of it is needed)
         self.current: Optional[Tuple[str, int, str, torch.Tensor]] = None  # (file, index, name, tensor) last given
@@ -66,7 +74,10 @@ class _Weights:
 
     def __iter__(self) -> Iterator[Tuple[str, torch.Tensor]]:
         for path in self.files:
-            with Reader(path, mmap="copy", bits=True) as r:
+            with Reader(path, mmap="copy", bits=True, key=self.key) as r:
+                if r.encrypted:
+                    yield from self._decrypted(path, r)
+                    continue
                 if self.populate:
                     _populate([_region(r)])
                 for i, name in enumerate(r.keys()):
@@ -79,6 +90,17 @@ class _Weights:
                     logger.info("TP rank %d touched %d of %d mapped bytes (%.0f%%) of %s", self.rank, touched,
                                 size, 100.0 * touched / max(size, 1), path)
         self.current = None
+
+    def _decrypted(self, path: str, r: Reader) -> Iterator[Tuple[str, torch.Tensor]]:
+        """An encrypted shard's tensors, each decrypted (and authenticated) into memory of its own."""
+        if self.key is None:
+            raise EncryptionError(f"the weights are encrypted: pass model_loader_extra_config={{'key_file': PATH}} "
+                                  f"(load format {LOAD_FORMAT}) to serve them", file=path)
+        for i, name in enumerate(r.keys()):
+            t = from_numpy(r[i])  # its own buffer: a parameter that adopts it keeps no other tensor's bytes
+            self.current = (path, i, name, t)
+            self.names.add(name)
+            yield name, t
 
 
 class TensorListModelLoader(BaseModelLoader):
@@ -98,6 +120,7 @@ class TensorListModelLoader(BaseModelLoader):
         if self.verify and (self.public_key is None) == (not self.certificate_chain):
             raise ValueError(f"load format {LOAD_FORMAT}: verify needs public_key or certificate_chain "
                              "(exactly one) in model_loader_extra_config")
+        self.key = _read_key(extra.get("key_file"))
 
     def download_model(self, model_config) -> None:
         """Nothing to download: checks that the model is a local tensorlist model directory."""
@@ -109,7 +132,7 @@ class TensorListModelLoader(BaseModelLoader):
             self._check_signature(folder)
         rank = _tp_rank()
         adopt = rank is None and model_config.quantization is None and not self.verify
-        weights = _Weights(weight_files(folder), rank, populate=adopt)
+        weights = _Weights(weight_files(folder), rank, populate=adopt, key=self.key)
         start = time.perf_counter()
         try:
             with _adopting(model, adopt) as adopted:
@@ -139,6 +162,22 @@ class TensorListModelLoader(BaseModelLoader):
         files = verify(folder, public_key=self.public_key, certificate_chain=self.certificate_chain,
                        signature=signature)
         logger.info("Verified %d files of %s against %s", len(files), folder, signature)
+
+
+def _read_key(key_file) -> Optional[Key]:
+    """The key in ``key_file`` (None without one).
+
+    Raises:
+        ValueError: the file is missing, unreadable or not 32 bytes, naming it.
+    """
+    if key_file is None:
+        return None
+    path = os.fspath(key_file)
+    try:
+        return Key.from_file(path)
+    except (OSError, ValueError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise ValueError(f"load format {LOAD_FORMAT}: key_file {path!r} gives no key: {why}") from None
 
 
 MADV_POPULATE_READ = 22  # Linux 5.14+: fault a range's pages in (reading them), in one call
