@@ -179,7 +179,11 @@ class RemoteReader(TensorMapping):
             raise FormatError(f"data object {_url_of(self.fs, self.data_path)!r} does not exist", file=url,
                               field=f"{desc.pointer}/location" if desc.pointer else "location") from last
         self._opener = None
-        if key is not None and desc.encryption is not None:
+        if key is not None and desc.encryption is None:  # as a local Reader: a key expects authenticated data
+            raise EncryptionError("the list is not encrypted, but a key was given: it may have replaced an encrypted "
+                                  "one (read it without key= if it is meant to be plain)", file=url,
+                                  field=f"{desc.pointer}/encryption" if desc.pointer else "encryption")
+        if key is not None:
             from tensorlist.crypto import as_key
             from tensorlist.crypto.cipher import Opener
             self._opener = Opener(desc.encryption, as_key(key), url, desc.pointer)

@@ -195,3 +195,11 @@ def test_file_urls_and_refusals(tmp_path):
         tl.save("memory://enc/lamp.tl", [np.ones(3)], lamp=True, key=KEY)
     with pytest.raises(TypeError, match="Key.from_file"):
         tl.save("memory://enc/k.tl", [np.ones(3)], key="key.bin")
+
+
+def test_a_plain_list_read_with_a_key_is_refused():
+    """A plain file put in place of an encrypted one must not pass for it."""
+    url = f"memory://enc-{os.urandom(4).hex()}/m.tl"
+    tl.save(url, _tensors())
+    _refused(url, lambda k: tl.load(url, key=k), KEY, "not encrypted")
+    _equal(tl.load(url), _tensors())
