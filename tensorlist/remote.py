@@ -51,13 +51,13 @@ from tensorlist import schema
 from tensorlist import writer
 from tensorlist._base.backends import is_url
 from tensorlist._storage.commit import new_token, own_locations
-from tensorlist._storage.datafile import (ReadMode, bytes_view, check_crcs, first_tensor_in, read_mode, region_target,
+from tensorlist._storage.datafile import (ReadMode, locked, opener_for, bytes_view, check_crcs, first_tensor_in, read_mode, region_target,
                                           too_many_dims, unsupported_dtype)
 from tensorlist._storage.sealed import Seal, check_key_use, le_bytes, open_fetched
 from tensorlist._storage.items import (Item, WriterBase, align, check_alignment, check_metadata, descriptor, descriptor_text,
                      fast_descriptor_text, layout, prepare, tensor_entries)
 from tensorlist._base.jsonio import dumps, set_at_pointer
-from tensorlist.errors import EncryptionError, FormatError, TensorListError, UnsupportedDTypeError
+from tensorlist.errors import FormatError, TensorListError, UnsupportedDTypeError
 from tensorlist.format import (DEFAULT_ALIGNMENT, LIST_ALIGNMENT, MIN_TENSOR_ALIGNMENT, Limits, ListDescriptor, check_data_size,
                      find_tensor_lists, parse_list, read_json_bytes, select_list)
 from tensorlist.reader import TensorMapping
@@ -178,15 +178,8 @@ class RemoteReader(TensorMapping):
         else:
             raise FormatError(f"data object {_url_of(self.fs, self.data_path)!r} does not exist", file=url,
                               field=f"{desc.pointer}/location" if desc.pointer else "location") from last
-        self._opener = None
-        if key is not None and desc.encryption is None:  # as a local Reader: a key expects authenticated data
-            raise EncryptionError("the list is not encrypted, but a key was given: it may have replaced an encrypted "
-                                  "one (read it without key= if it is meant to be plain)", file=url,
-                                  field=f"{desc.pointer}/encryption" if desc.pointer else "encryption")
-        if key is not None:
-            from tensorlist.crypto import as_key
-            from tensorlist.crypto.cipher import Opener
-            self._opener = Opener(desc.encryption, as_key(key), url, desc.pointer)
+        self._opener = opener_for(desc, key, url)  # the one key= rule, as a local Reader's
+        if self._opener is not None:
             desc = desc._replace(metadata=self._opener.metadata)
         self.descriptor: ListDescriptor = desc
 
@@ -198,8 +191,7 @@ class RemoteReader(TensorMapping):
     def require_key(self) -> None:
         """Raises ``EncryptionError`` naming the URL if the list is encrypted and was opened without its key."""
         if self.descriptor.encryption is not None and self._opener is None:
-            raise EncryptionError("the list is encrypted: pass key= (a tensorlist.Key or its 32 bytes) to read it",
-                                  file=self.path)
+            raise locked(self.path)
 
     def _read_tags(self, offset: int, n: int) -> bytes:
         base = self.descriptor.byte_offset

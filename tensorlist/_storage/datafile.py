@@ -32,7 +32,7 @@ from tensorlist._base import lowlevel
 from tensorlist.errors import ChecksumError, EncryptionError, FormatError, UnsupportedDTypeError
 from tensorlist.format import ListDescriptor, TensorInfo, check_data_path, check_data_size, open_regular
 
-__all__ = ["ReadMode", "read_mode", "DataFile", "ListData", "open_list", "open_consistently", "check_crcs",
+__all__ = ["ReadMode", "read_mode", "DataFile", "ListData", "opener_for", "locked", "open_list", "open_consistently", "check_crcs",
            "bytes_view", "region_target", "first_tensor_in", "writable_bytes", "views", "unsupported_dtype",
            "too_many_dims", "NUMPY_MAX_DIMS"]
 
@@ -228,23 +228,14 @@ class ListData:
         return self.desc.data_path
 
     def unlock(self, key) -> Any:
-        """Checks ``key`` against an encrypted list and decrypts its metadata (returned); a no-op otherwise.
-
-        Raises:
-            EncryptionError: the wrong key, or a descriptor altered since it was sealed.
-        """
-        if self.desc.encryption is None or key is None:
-            return self.desc.metadata
-        from tensorlist.crypto import as_key
-        from tensorlist.crypto.cipher import Opener
-        self.opener = Opener(self.desc.encryption, as_key(key), self.desc.file, self.desc.pointer)
-        return self.opener.metadata
+        """Opens the list with ``key`` (:func:`opener_for`); returns its metadata, decrypted if it was sealed."""
+        self.opener = opener_for(self.desc, key, self.desc.file)
+        return self.opener.metadata if self.opener is not None else self.desc.metadata
 
     def require_key(self) -> None:
         """Raises the one ``EncryptionError`` for an encrypted list not unlocked with its key."""
         if self.desc.encryption is not None and self.opener is None:
-            raise EncryptionError("the list is encrypted: pass key= (a tensorlist.Key or its 32 bytes) to read it",
-                                  file=self.desc.file)
+            raise locked(self.desc.file)
 
     def _decrypt(self, indices: Sequence[int], outs: Sequence[np.ndarray]) -> None:
         self.require_key()
@@ -371,6 +362,35 @@ class ListData:
         if self.owns_file and self.file is not None:
             self.file.close()
         self.closed = True
+
+
+def opener_for(desc: ListDescriptor, key, file) -> Any:
+    """The one rule of ``key=`` for every reader, local or remote: a ``crypto.cipher.Opener``, or None.
+
+    No key: None (an encrypted list then shows its table and refuses its
+    tensors, :func:`locked`). A key for an encrypted list: its Opener, once
+    the key check and the header's tag hold. A key for a plain list is
+    refused: a reader holding a key expects authenticated data, and a plain
+    file put in place of an encrypted one must not pass for it.
+
+    Raises:
+        EncryptionError: the wrong key, a descriptor altered since it was
+            sealed, or a plain list read with a key.
+    """
+    if key is None:
+        return None
+    if desc.encryption is None:
+        raise EncryptionError("the list is not encrypted, but a key was given: it may have replaced an encrypted "
+                              "one (read it without key= if it is meant to be plain)", file=file,
+                              field=f"{desc.pointer}/encryption" if desc.pointer else "encryption")
+    from tensorlist.crypto import as_key
+    from tensorlist.crypto.cipher import Opener
+    return Opener(desc.encryption, as_key(key), file, desc.pointer)
+
+
+def locked(file) -> EncryptionError:
+    """The error for a tensor of an encrypted list opened without its key."""
+    return EncryptionError("the list is encrypted: pass key= (a tensorlist.Key or its 32 bytes) to read it", file=file)
 
 
 def open_list(desc: ListDescriptor, mode, allow_outside: bool = False,

@@ -106,10 +106,13 @@ def test_the_byte_range_path_never_returns_ciphertext(tmp_path):
         assert torch.equal(torch.from_numpy(shards.array(entry)), values()["w"])
 
 
-def test_a_plain_checkpoint_reads_with_a_key_given(tmp_path):
+def test_a_plain_checkpoint_is_refused_when_a_key_is_given(tmp_path):
+    """A plain shard in place of an encrypted one must not pass for it: with a key, only sealed data reads."""
     save(tmp_path, key=None)
     assert not tl.open(_shard(tmp_path)).encrypted
-    full = read_full(str(tmp_path), key=KEY)
+    with pytest.raises(tl.EncryptionError, match="not encrypted, but a key was given"):
+        read_full(str(tmp_path), key=KEY)
+    full = read_full(str(tmp_path))
     assert torch.equal(torch.from_numpy(full["w"]), values()["w"]) and full["name"] == "run-1"
 
 

@@ -236,7 +236,18 @@ def _drop_last_chunk(t: Target, d: str) -> Optional[str]:
     return None
 
 
+def _made_plain(t: Target, d: str) -> Optional[str]:
+    """The list passed off as a plain one: no encryption object, version 1, the metadata in the clear."""
+    def change(node):
+        node.pop("encryption")
+        node["formatVersion"] = 1
+        node["metadata"] = {"owner": "attacker"}
+    t.edit(change)
+    return None
+
+
 TAMPERS = {
+    "made-plain": _made_plain,
     "flipped-bit": _flip_bit,
     "swapped-chunks": _swap_chunks,
     "swapped-tensors": _swap_tensors,
