@@ -1,6 +1,6 @@
 """Bit-exact with the peers' own material: files made by safetensors, huggingface_hub, torch and numpy
 themselves, and their own test cases (safetensors' tensor.rs tests, lamp's Reader checks), through
-tensorlist and back (issue 10).
+tensorlist and back.
 
 Each test names the peer behaviour it holds us to; the hand-made bad files are built as safetensors'
 tests build them (an 8-byte length, a JSON header, bytes).

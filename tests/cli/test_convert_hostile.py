@@ -1,4 +1,4 @@
-"""Every converter source is hostile input (issue 11): each class of bad file is a FormatError naming the
+"""Every converter source is hostile input: each class of bad file is a FormatError naming the
 file and the entry, never a stray AttributeError, RecursionError, numpy or torch error, a hang or a disk
 filled by a few bytes. Cases that could hang or crash the interpreter run in a child with a timeout."""
 import json
