@@ -1,4 +1,4 @@
-"""What the Trainer tests and their DDP script (tests/support/_hf_trainer_ddp_script.py) share: the data and the model."""
+"""What the Hugging Face tests share: the data and the model (with their DDP script), and an Accelerate epoch."""
 import torch
 
 
@@ -34,3 +34,18 @@ def tiny_llama():
                                       num_hidden_layers=2, vocab_size=256, intermediate_size=128,
                                       max_position_embeddings=64)
     return transformers.LlamaForCausalLM(config)
+
+
+def accelerate_epoch(acc, model, opt, loader, sched, epoch=0):
+    """One epoch of the MSE regression the Accelerate tests train; returns each batch's loss."""
+    if hasattr(loader, "set_epoch"):
+        loader.set_epoch(epoch)
+    losses = []
+    for x, y in loader:
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        acc.backward(loss)
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses

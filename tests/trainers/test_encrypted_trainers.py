@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch", reason="the trainer integrations need torch
 
 import tensorlist as tl  # noqa: E402
 from tensorlist.errors import EncryptionError  # noqa: E402
+from _hf_support import accelerate_epoch  # noqa: E402
 from _paths import SUPPORT  # noqa: E402
 
 pytest.importorskip("cryptography", reason="encrypted lists need cryptography (pip install 'tensorlist[crypto]')")
@@ -261,25 +262,15 @@ def _accelerate_run(seed=0):
     return (acc, *acc.prepare(model, opt, loader, sched))
 
 
-def _epoch(acc, model, opt, loader, sched):
-    losses = []
-    for x, y in loader:
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        acc.backward(loss)
-        opt.step()
-        sched.step()
-        opt.zero_grad()
-        losses.append(loss.item())
-    return losses
 
 
 def test_accelerate_state_encrypted_round_trip_and_no_plaintext(tmp_path, hf, renamed):
     key = tl.Key.generate()
     acc, model, opt, loader, sched = _accelerate_run()
-    _epoch(acc, model, opt, loader, sched)
+    accelerate_epoch(acc, model, opt, loader, sched)
     hf.save_state(acc, tmp_path / "ckpt", dataset_params={"name": NAME}, key=key)
     want = {k: v.clone() for k, v in acc.unwrap_model(model).state_dict().items()}
-    uninterrupted = _epoch(acc, model, opt, loader, sched)
+    uninterrupted = accelerate_epoch(acc, model, opt, loader, sched)
     _no_plaintext(tmp_path, renamed)
     for wrong in (None, tl.Key.generate()):
         acc2, model2, opt2, loader2, sched2 = _accelerate_run(seed=5)
@@ -289,7 +280,7 @@ def test_accelerate_state_encrypted_round_trip_and_no_plaintext(tmp_path, hf, re
     hf.load_state(acc2, tmp_path / "ckpt", key=key)
     got = acc2.unwrap_model(model2).state_dict()
     assert all(torch.equal(got[k], want[k]) for k in want)
-    assert _epoch(acc2, model2, opt2, loader2, sched2) == uninterrupted
+    assert accelerate_epoch(acc2, model2, opt2, loader2, sched2) == uninterrupted
     assert hf.read_state_file(tmp_path / "ckpt" / "scheduler.json", "scheduler", key=key)["last_epoch"] == 4
     with _key_error(r"ckpt/scheduler\.json"):
         hf.read_state_file(tmp_path / "ckpt" / "scheduler.json", "scheduler")

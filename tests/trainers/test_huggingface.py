@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="the Hugging Face integrations need torch")
 accelerate = pytest.importorskip("accelerate", reason="the Accelerate tests need accelerate")
 
-from _hf_support import Tokens, tiny_gpt2  # noqa: E402
+from _hf_support import Tokens, accelerate_epoch, tiny_gpt2  # noqa: E402
 from tensorlist import huggingface as hf  # noqa: E402
 from tensorlist.cli import main as cli_main  # noqa: E402
 from tensorlist.errors import FormatError  # noqa: E402
@@ -84,17 +84,8 @@ def _accelerate_run(seed=0, seedable=False):
 
 
 def _epoch(acc, counter, model, opt, loader, sched, epoch=0):
-    if hasattr(loader, "set_epoch"):
-        loader.set_epoch(epoch)
-    losses = []
-    for x, y in loader:
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        acc.backward(loss)
-        opt.step()
-        sched.step()
-        opt.zero_grad()
-        counter.seen += 1
-        losses.append(loss.item())
+    losses = accelerate_epoch(acc, model, opt, loader, sched, epoch)
+    counter.seen += len(losses)
     return losses
 
 
