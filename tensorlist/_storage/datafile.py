@@ -255,7 +255,7 @@ class ListData:
     def _decrypted_region(self, indices: Sequence[int]) -> np.ndarray:
         """The tensors ``indices`` decrypted into one buffer laid out as the list's region."""
         table = self.desc.tensors
-        buf = lowlevel.alloc(self.desc.encryption.tags_offset)
+        buf = lowlevel.alloc(self.desc.encryption.tags_offset, huge=True)
         self._decrypt(indices, [buf[table.offsets[i]:table.offsets[i] + table.lengths[i]] for i in indices])
         return buf
 
@@ -282,7 +282,7 @@ class ListData:
                 a.flags.writeable = self.mode.writable
                 return a
             if self.desc.encryption is not None:
-                out = lowlevel.alloc(length)
+                out = lowlevel.alloc(length, huge=True)
                 self._decrypt([i], [out])
                 return out.view(dt).reshape(shape)
             start = self.desc.byte_offset + table.offsets[i]

@@ -128,7 +128,7 @@ def open_fetched(opener, table, indices: Sequence[int], fetched: Dict[int, Any],
     Opener). An empty tensor's tag is checked too.
     """
     from tensorlist._base.lowlevel import alloc
-    outs = {i: alloc(table.lengths[i]) for i in indices}
+    outs = {i: alloc(table.lengths[i], huge=True) for i in indices}
 
     def read_into(dst, offset, i):
         rel = offset - table.offsets[i]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hmac
 import os
 import struct
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -64,6 +65,32 @@ def _run(jobs: Sequence[Any], work: Callable[[Sequence[Any], np.ndarray], None],
             raise e
 
 
+def _pwrite_run(fd: int, views: List[memoryview], offset: int) -> None:
+    """Writes ``views`` back to back from ``offset``: one ``pwritev`` (the kernel takes few large writes
+    fastest), then ``pwrite`` for whatever a short write left."""
+    done = os.pwritev(fd, views, offset) if hasattr(os, "pwritev") else 0
+    for v in views:
+        n = len(v)
+        skip = min(done, n)
+        done -= skip
+        while skip < n:
+            skip += os.pwrite(fd, v[skip:], offset + skip)
+        offset += n
+
+
+def _runs(placed: List[Tuple[memoryview, int]]) -> List[Tuple[List[memoryview], int]]:
+    """``placed`` (views and their offsets, in file order) as runs that are contiguous in the file."""
+    runs: List[Tuple[List[memoryview], int]] = []
+    end = -1
+    for view, off in placed:
+        if off == end and len(runs[-1][0]) < 512:
+            runs[-1][0].append(view)
+        else:
+            runs.append(([view], off))
+        end = off + len(view)
+    return runs
+
+
 def nonce(index: int, chunk: int) -> bytes:
     return struct.pack(">IQ", index, chunk)
 
@@ -101,26 +128,22 @@ class Sealer:
         self._pending: Dict[Tuple[int, int], bytes] = {}
         self._counts: Dict[int, int] = {}
 
-    def seal(self, tensors: Sequence[Tuple[int, np.ndarray, int]], put: Callable[[memoryview, int], None],
-             chunks: Optional[Tuple[int, int]] = None) -> None:
-        """Seals ``[(index, uint8 bytes, offset of byte 0)]`` in parallel; keeps each tensor's tags.
-
-        The one chunk scheme of every writer: ``put(ciphertext, offset)`` receives
-        each chunk's ciphertext (a scratch view, valid during the call) and
-        where it goes, from worker threads; the sink alone differs (``write``:
-        ``pwrite`` to a file; ``stream``: an ordered upload). ``chunks=(j0, j1)``
-        seals only those chunks of a single tensor; its tags are kept once
-        every chunk is sealed.
-        """
-        C, aead = self.chunk, self._aead
-        into = hasattr(aead, "encrypt_into")
-        jobs = []
+    def _jobs(self, tensors: Sequence[Tuple[int, np.ndarray, int]],
+              chunks: Optional[Tuple[int, int]] = None) -> List[Tuple[int, int, np.ndarray, int, bool]]:
+        """``(index, j, plaintext, offset, last)`` of each chunk to seal, in the order given."""
+        C, jobs = self.chunk, []
         for index, data, offset in tensors:
             k = chunk_count(len(data), C)
             self._counts[index] = k
             j0, j1 = chunks if chunks is not None else (0, k)
             jobs.extend((index, j, data[j * C:(j + 1) * C], offset + j * C, j == k - 1) for j in range(j0, j1))
-        out = self._pending
+        return jobs
+
+    def _seal_jobs(self, jobs: Sequence[Any], put: Callable[[memoryview, int], None],
+                   threads: Optional[int] = None) -> None:
+        """Seals ``jobs`` in parallel, each worker through its scratch; ``put(ciphertext, offset)`` as in ``seal``."""
+        aead, out = self._aead, self._pending
+        into = hasattr(aead, "encrypt_into")
 
         def work(group, scratch):
             buf = memoryview(scratch)
@@ -134,23 +157,81 @@ class Sealer:
                     put(buf[:m], off)
                 out[index, j] = bytes(buf[m:m + TAG_BYTES])
 
-        _run(jobs, work, self.threads, C + TAG_BYTES)
-        for index, _, _ in tensors:
+        _run(jobs, work, threads or self.threads, self.chunk + TAG_BYTES)
+
+    def _keep_tags(self, indices: Sequence[int]) -> None:
+        """Moves the tags of each tensor of ``indices`` whose chunks are all sealed into ``tags``."""
+        out = self._pending
+        for index in indices:
             k = self._counts[index]
             if all((index, j) in out for j in range(k)):
                 self.tags[index] = b"".join(out.pop((index, j)) for j in range(k))
 
-    def write(self, fd: int, tensors: Sequence[Tuple[int, np.ndarray, int]], path: str) -> None:
-        """Seals and writes ``[(index, uint8 bytes, absolute file offset)]`` with ``pwrite``."""
-        def put(buf, off):
-            done = 0
-            while done < len(buf):
-                try:
-                    done += os.pwrite(fd, buf[done:], off + done)
-                except OSError as e:
-                    raise OSError(e.errno, f"{e.strerror} (writing {path!r})") from None
+    def seal(self, tensors: Sequence[Tuple[int, np.ndarray, int]], put: Callable[[memoryview, int], None],
+             chunks: Optional[Tuple[int, int]] = None) -> None:
+        """Seals ``[(index, uint8 bytes, offset of byte 0)]`` in parallel; keeps each tensor's tags.
 
-        self.seal(tensors, put)
+        The one chunk scheme of every writer: ``put(ciphertext, offset)`` receives
+        each chunk's ciphertext (a scratch view, valid during the call) and
+        where it goes, from worker threads; the sink alone differs (``write``:
+        ``pwrite`` to a file; ``stream``: an ordered upload). ``chunks=(j0, j1)``
+        seals only those chunks of a single tensor; its tags are kept once
+        every chunk is sealed.
+        """
+        self._seal_jobs(self._jobs(tensors, chunks), put)
+        self._keep_tags([index for index, _, _ in tensors])
+
+    def write(self, fd: int, tensors: Sequence[Tuple[int, np.ndarray, int]], path: str,
+              window: int = 16 << 20) -> None:
+        """Seals and writes ``[(index, uint8 bytes, absolute file offset)]``, in file order.
+
+        Workers (all threads but one) seal ``window`` bytes at a time into one
+        of three window buffers while a writer thread writes the windows sealed before, in
+        order, each run of adjacent chunks with one ``pwritev``: buffered
+        writes to one file take turns in the kernel, and few large writes
+        front to back are the fastest it takes.
+        """
+        import queue
+
+        C = self.chunk
+        jobs = sorted(self._jobs(tensors), key=lambda job: job[3])
+        per = max(1, window // C)
+        sealers = max(1, (self.threads or default_threads()) - 1)  # the writer has a core of its own
+        buffers = [np.empty(per * C, np.uint8) for _ in range(min(3, -(-len(jobs) // per)))]
+        ready: "queue.Queue[Optional[List[Tuple[memoryview, int]]]]" = queue.Queue(maxsize=1)
+        failed: List[OSError] = []
+
+        def writer():
+            for placed in iter(ready.get, None):
+                try:
+                    for views, off in _runs(placed) if not failed else ():
+                        _pwrite_run(fd, views, off)
+                except OSError as e:
+                    failed.append(OSError(e.errno, f"{e.strerror} (writing {path!r})"))
+
+        thread = threading.Thread(target=writer, name="tensorlist-aead-writer", daemon=True)
+        thread.start()
+        try:
+            for w, k in enumerate(range(0, len(jobs), per)):
+                if failed:
+                    break
+                window_jobs, into = jobs[k:k + per], memoryview(buffers[w % len(buffers)])
+                slots = {job[3]: n * C for n, job in enumerate(window_jobs) if len(job[2])}
+
+                def put(buf, off, into=into, slots=slots):
+                    into[slots[off]:slots[off] + len(buf)] = buf
+
+                self._seal_jobs(window_jobs, put, sealers)
+                # the queue holds one window: a buffer is refilled only after the writer has taken
+                # the window after it, so never while it is being written
+                ready.put([(into[slots[job[3]]:slots[job[3]] + len(job[2])], job[3])
+                           for job in window_jobs if len(job[2])])
+        finally:
+            ready.put(None)
+            thread.join()
+        if failed:
+            raise failed[0]
+        self._keep_tags([index for index, _, _ in tensors])
 
     def stream(self, index: int, data: np.ndarray, write: Callable[[np.ndarray], None],
                window: int = 16 << 20) -> None:

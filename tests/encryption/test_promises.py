@@ -285,3 +285,50 @@ def test_any_list_round_trips_encrypted(tmp_path_factory, specs, mmap, big_endia
     assert tl.open(d / "m.tl", key=key).metadata == {"n": len(arrays)}
     assert tl.validate(d / "m.tl", verify=True, key=key)[0].encryption.tags_length == \
         spec.TAG_BYTES * sum(spec.chunk_count(a.nbytes, spec.DEFAULT_CHUNK) for a in arrays.values())
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 700), st.integers(0, 100)), max_size=6), st.integers(1, 5),
+       st.integers(1, 3))
+def test_the_windowed_file_writer_writes_what_the_sealer_seals(tmp_path_factory, sizes, per, threads):
+    """Sealer.write (windows sealed in parallel, written in order by one thread) gives the very bytes and
+    tags that Sealer.seal hands out chunk by chunk: the same file key, nonces and places."""
+    from tensorlist.crypto.cipher import Sealer
+
+    chunk, rng = 64, np.random.default_rng(len(sizes))
+    sealer = Sealer(tl.Key(bytes(range(32))), chunk_bytes=chunk, threads=threads)
+    tensors, off = [], 0
+    for i, (n, gap) in enumerate(sizes):
+        off += gap
+        tensors.append((i, rng.integers(0, 256, n, np.uint8), off))
+        off += n
+    want = bytearray(off)
+
+    def put(buf, at):
+        want[at:at + len(buf)] = buf
+
+    sealer.seal(tensors, put)
+    tags = dict(sealer.tags)
+    sealer.tags.clear()
+    path = tmp_path_factory.mktemp("w") / "data"
+    fd = os.open(path, os.O_CREAT | os.O_RDWR)
+    try:
+        sealer.write(fd, tensors[::-1], str(path), window=per * chunk)  # any order in, file order out
+    finally:
+        os.close(fd)
+    assert path.read_bytes().ljust(off, b"\0") == bytes(want)
+    assert sealer.tags == tags and len(tags) == len(sizes)
+
+
+def test_a_failed_sealed_write_names_the_file(tmp_path):
+    from tensorlist.crypto.cipher import Sealer
+
+    path = tmp_path / "data"
+    path.write_bytes(b"")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with pytest.raises(OSError, match="writing .*data"):
+            Sealer(tl.Key.generate(), chunk_bytes=64).write(fd, [(0, np.ones(1000, np.uint8), 0)], str(path),
+                                                            window=128)
+    finally:
+        os.close(fd)
