@@ -10,7 +10,8 @@ loaded by vLLM's engine in a fresh process per measurement with each load format
 * ``runai_streamer``, ``fastsafetensors``: where their packages install and run on the CPU (a peer
   that fails is named with its error, and left out of the ratios);
 * ``tensorlist``: ``tensorlist.vllm``'s loader (copy-on-write mappings of the shards, read whole as each
-  opens; a parameter given a whole weight takes the mapping's pages instead of a copy).
+  opens; a parameter given a whole weight, or a fused one its parts lying back to back, takes the
+  mapping's pages instead of a copy).
 
 The time is that of the loader's ``load_weights`` (what vLLM logs as ``Loading weights took``), not
 the engine's start-up: the child wraps the loader class's ``load_weights``, prints its time and exits.

@@ -5,15 +5,16 @@ A tensorlist model directory is a Hugging Face model directory whose weights are
 makes one), listed by ``convert.modeldir.weight_files`` (each shard confined and checked).
 :class:`TensorListModelLoader` maps each shard copy-on-write and hands the model's own
 ``load_weights`` torch tensors over the mapping, named as in safetensors. Under tensor parallelism
-no byte is read before a weight loader copies it into its parameter, so a rank reads the pages of its
-slices (the rows of a column-parallel weight; a row-parallel weight's pages hold every rank's
-columns). At one rank, unquantized and without ``verify``, each shard is read whole as it opens, and
-a parameter given a whole weight by a loader that would copy it takes the mapping's pages instead
-(see ``_adopting``): the served weights are then the files' pages, private once written (so a file
-must not change while it is served). Then, as vLLM's default loader does, it logs ``Loading weights took`` and checks that every
-parameter was loaded. A tensor of the wrong dims, a tensor the model lacks and a tensor the model
-needs that no shard holds each fail the load with a :class:`~tensorlist.errors.FormatError` naming
-the tensor and the file.
+it hands out :class:`~tensorlist.vllm.slices.Unread` tensors instead: a weight loader's ``narrow``
+and ``copy_`` read just the rank's slice from the file (its rows, or its columns of each row), and
+each rank logs the bytes it read. At one rank, unquantized and without ``verify``, each shard is
+read whole as it opens, and a parameter given a whole weight, or the parts of a fused one lying
+back to back, takes the mapping's pages instead of a copy (:mod:`tensorlist.vllm.adopt`): the
+served weights are then the files' pages, private once written (so a file must not change while
+it is served). Then, as vLLM's default loader does, it logs ``Loading weights took`` and checks
+that every parameter was loaded. A tensor of the wrong dims, a tensor the model lacks and a
+tensor the model needs that no shard holds each fail the load with a
+:class:`~tensorlist.errors.FormatError` naming the tensor and the file.
 
 ``model_loader_extra_config``: ``verify`` (check the directory's signature before any weight is read,
 see ``tensorlist.provenance.signing``; refused when there is none), with ``public_key`` (a PEM path) or
@@ -40,11 +41,13 @@ from vllm.logger import init_logger
 from vllm.model_executor.model_loader import register_model_loader
 from vllm.model_executor.model_loader.base_loader import BaseModelLoader
 
-from tensorlist._bridges.torch import from_numpy
+from tensorlist._bridges.torch import from_numpy, torch_dtype
 from tensorlist.convert.modeldir import TL_INDEX, TL_WEIGHTS, weight_files
 from tensorlist.crypto import Key
 from tensorlist.errors import EncryptionError, FormatError, SignatureError, TensorListError
 from tensorlist.reader import Reader
+from tensorlist.vllm.adopt import adopting
+from tensorlist.vllm.slices import Slices
 
 __all__ = ["TensorListModelLoader", "register_loader", "LOAD_FORMAT"]
 
@@ -64,32 +67,48 @@ class _Weights:
     """
 
     def __init__(self, files: List[str], rank: Optional[int] = None, populate: bool = False,
-                 key: Optional[Key] = None):
+                 key: Optional[Key] = None, sliced: bool = False):
         self.files = files
         self.key = key  # opens encrypted shards; their tensors are decrypted, never mapped
-        self.rank = rank  # under tensor parallelism: log the bytes of each shard this rank touched
+        self.rank = rank  # under tensor parallelism: log the bytes of each shard this rank read
         self.populate = populate  # read each whole shard as it opens (every byte of it is needed)
+        self.sliced = sliced  # hand out Unread tensors: a copy reads only its slice's bytes
         self.current: Optional[Tuple[str, int, str, torch.Tensor]] = None  # (file, index, name, tensor) last given
         self.names: Set[str] = set()
+        self.region = (0, 0)  # (address, length) of the mapped region of the shard being read
 
     def __iter__(self) -> Iterator[Tuple[str, torch.Tensor]]:
         for path in self.files:
-            with Reader(path, mmap="copy", bits=True, key=self.key) as r:
+            with Reader(path, mmap=False if self.sliced else "copy", bits=True, key=self.key) as r:
                 if r.encrypted:
                     yield from self._decrypted(path, r)
-                    continue
-                if self.populate:
-                    _populate([_region(r)])
-                for i, name in enumerate(r.keys()):
-                    t = from_numpy(r[i])
-                    self.current = (path, i, name, t)
-                    self.names.add(name)
-                    yield name, t
-                if self.rank is not None and len(r):
-                    touched, size = _touched(r[0].__array_interface__["data"][0])
-                    logger.info("TP rank %d touched %d of %d mapped bytes (%.0f%%) of %s", self.rank, touched,
-                                size, 100.0 * touched / max(size, 1), path)
+                elif self.sliced:
+                    yield from self._unread(path, r)
+                else:
+                    self.region = _region(r)
+                    if self.populate:
+                        _populate([self.region])
+                    yield from self._given(path, r, lambda i: from_numpy(r[i]))
+                self.region = (0, 0)
         self.current = None
+
+    def _given(self, path: str, r: Reader, tensor) -> Iterator[Tuple[str, torch.Tensor]]:
+        for i, name in enumerate(r.keys()):
+            t = tensor(i)
+            self.current = (path, i, name, t)
+            self.names.add(name)
+            yield name, t
+
+    def _unread(self, path: str, r: Reader) -> Iterator[Tuple[str, torch.Tensor]]:
+        """A shard's tensors unread: each weight loader's copy reads its slice (``slices``)."""
+        shard = Slices(r, lambda i: torch_dtype(r.info(i).dtype.code))
+        try:
+            yield from self._given(path, r, shard.tensor)
+        finally:
+            shard.close()
+        size = r.descriptor.byte_length
+        logger.info("TP rank %d read %d of %d bytes (%.0f%%) of %s", self.rank, shard.bytes_read, size,
+                    100.0 * shard.bytes_read / max(size, 1), path)
 
     def _decrypted(self, path: str, r: Reader) -> Iterator[Tuple[str, torch.Tensor]]:
         """An encrypted shard's tensors, each decrypted (and authenticated) into memory of its own."""
@@ -131,11 +150,13 @@ class TensorListModelLoader(BaseModelLoader):
         if self.verify:
             self._check_signature(folder)
         rank = _tp_rank()
-        adopt = rank is None and model_config.quantization is None and not self.verify
-        weights = _Weights(weight_files(folder), rank, populate=adopt, key=self.key)
+        plain = model_config.quantization is None
+        adopt = rank is None and plain and not self.verify
+        weights = _Weights(weight_files(folder), rank, populate=adopt, key=self.key,
+                           sliced=rank is not None and plain and sys.byteorder == "little")
         start = time.perf_counter()
         try:
-            with _adopting(model, adopt) as adopted:
+            with adopting(model, adopt, lambda: weights.region) as adoption:
                 loaded = model.load_weights(iter(weights))
         except TensorListError:
             raise
@@ -146,9 +167,9 @@ class TensorListModelLoader(BaseModelLoader):
             raise FormatError(f"{str(t.dtype)[6:]} {list(t.shape)} does not fit the model ({type(model).__name__}): "
                               f"{type(e).__name__}: {e}", file=path, tensor_index=i, tensor_name=name) from e
         logger.info("Loading weights took %.2f seconds", time.perf_counter() - start)
-        if adopted:
-            logger.info("%d tensors (%d bytes) taken from the mappings uncopied", len(adopted),
-                        sum(t.nbytes for t in adopted))
+        if adoption.adopted:
+            logger.info("%d tensors (%d bytes) taken from the mappings uncopied", len(adoption.adopted),
+                        sum(t.nbytes for t in adoption.adopted))
         if loaded is not None and model_config.quantization is None:
             _check_complete(model, loaded, weights.names, _listing(folder))
 
@@ -200,83 +221,6 @@ def _populate(regions: List[Tuple[int, int]]) -> None:
         head = base % mmap.PAGESIZE
         for advice in (MADV_POPULATE_READ,) if length else ():
             madvise(ctypes.c_void_p(base - head), ctypes.c_size_t(length + head), advice)
-
-
-@contextlib.contextmanager
-def _adopting(model: torch.nn.Module, on: bool) -> Iterator[List[torch.Tensor]]:
-    """While loading, a parameter given its whole tensor by a loader that would copy it views that tensor instead.
-
-    Only for vLLM's loaders that copy a whole weight into a whole parameter at one rank (``ADOPTING``),
-    unquantized: a plain CPU :class:`torch.nn.Parameter` owning its storage, given (with no shard id) a
-    contiguous tensor of its shape and dtype, takes the tensor's storage, the copy-on-write mapping
-    (its bytes are the copy's; writes to it stay private). Its own never-touched memory is then freed
-    unfaulted. Every other call goes to the loader as it is. Yields the list of the tensors taken.
-    """
-    adopted: List[torch.Tensor] = []
-    if not on:
-        yield adopted
-        return
-    saved = []
-    for param in model.parameters():
-        wl = getattr(param, "weight_loader", None)
-        if type(param) is torch.nn.Parameter and param.device.type == "cpu" and (
-                wl is None or getattr(wl, "__func__", wl) in _adopting_loaders()):
-            saved.append((param, wl))
-            param.weight_loader = _adopter(wl or _adopting_loaders()[0], adopted)
-    try:
-        yield adopted
-    finally:
-        for param, wl in saved:
-            if wl is None:
-                del param.weight_loader
-            else:
-                param.weight_loader = wl
-
-
-def _adopting_loaders() -> tuple:
-    """vLLM's weight loaders that, at one rank and unquantized, copy a whole tensor into a whole parameter."""
-    from vllm.model_executor.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
-    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
-    from vllm.model_executor.model_loader.weight_utils import default_weight_loader
-
-    return (default_weight_loader, ReplicatedLinear.weight_loader, ColumnParallelLinear.weight_loader,
-            RowParallelLinear.weight_loader, VocabParallelEmbedding.weight_loader)
-
-
-def _adopter(loader, adopted: List[torch.Tensor]):
-    def weight_loader(param, loaded, *args, **kwargs):
-        if (not args and not kwargs and isinstance(loaded, torch.Tensor) and loaded.shape == param.shape
-                and loaded.dtype == param.dtype and loaded.device == param.device and loaded.is_contiguous()
-                and not getattr(param, "is_sharded_weight", False) and param.data_ptr()
-                == param.untyped_storage().data_ptr() and param.untyped_storage().nbytes() == loaded.nbytes):
-            param.data = loaded
-            adopted.append(loaded)
-            return None
-        return loader(param, loaded, *args, **kwargs)
-
-    return weight_loader
-
-
-def _touched(address: int) -> Tuple[int, int]:
-    """``(resident, size)`` in bytes of this process's mapping holding ``address`` (``/proc/self/smaps``; Linux).
-
-    Resident pages of a file mapping are the pages this process faulted in (with the kernel's
-    fault-around of neighbours already cached): what it read of the file. ``(0, 0)`` where there is no smaps.
-    """
-    try:
-        with open("/proc/self/smaps") as f:
-            inside = False
-            size = 0
-            for line in f:
-                head = line.split(None, 1)[0]
-                if "-" in head and not head.endswith(":"):
-                    lo, hi = (int(x, 16) for x in head.split("-"))
-                    inside, size = lo <= address < hi, hi - lo
-                elif inside and head == "Rss:":
-                    return int(line.split()[1]) * 1024, size
-    except OSError:
-        pass
-    return 0, 0
 
 
 def _listing(folder) -> str:
