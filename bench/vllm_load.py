@@ -9,6 +9,8 @@ loaded by vLLM's engine in a fresh process per measurement with each load format
 * ``safetensors_mt``: the same with ``enable_multithread_load`` (vLLM's threaded safetensors reads);
 * ``runai_streamer``, ``fastsafetensors``: where their packages install and run on the CPU (a peer
   that fails is named with its error, and left out of the ratios);
+* ``tensorizer``: vLLM's tensorizer format over the same state dict in one tensorizer file (made once
+  where tensorizer is installed; vLLM loads it in ``load_model``, the child times its ``load_weights``);
 * ``tensorlist``: ``tensorlist.vllm``'s loader (copy-on-write mappings of the shards, read whole as each
   opens; a parameter given a whole weight, or a fused one its parts lying back to back, takes the
   mapping's pages instead of a copy).
@@ -45,6 +47,7 @@ FORMATS = {
     "safetensors_mt": ("hf", "safetensors", {"enable_multithread_load": True}),
     "runai_streamer": ("hf", "runai_streamer", {}),
     "fastsafetensors": ("hf", "fastsafetensors", {}),
+    "tensorizer": ("hf", "tensorizer", {}),  # its file: tz/model.tensors (see run_one)
     "tensorlist": ("tl", "tensorlist", {}),
 }
 
@@ -65,6 +68,19 @@ def timed(self, model, model_config):
     print("LOADED", json.dumps(time.perf_counter() - t), flush=True)
     os._exit(0)  # the engine's start-up after the weights is not measured
 cls.load_weights = timed
+if load_format == "tensorizer":  # a Hugging Face state dict in one tensorizer file: vLLM loads it in load_model
+    import torch
+    from vllm.model_executor.model_loader.utils import initialize_model
+    from vllm.utils.torch_utils import set_default_torch_dtype
+    def serialized(self, vllm_config, prefix=""):  # vLLM's _load_model_serialized_cpu, its weights timed
+        with set_default_torch_dtype(vllm_config.model_config.dtype):
+            with torch.device(vllm_config.device_config.device):
+                model = initialize_model(vllm_config=vllm_config, prefix=prefix)
+            t = time.perf_counter()
+            model.load_weights(self._get_weights_iterator())
+        print("LOADED", json.dumps(time.perf_counter() - t), flush=True)
+        os._exit(0)
+    cls._load_model_serialized_cpu = serialized
 LLM(model=folder, load_format=load_format, model_loader_extra_config=extra, dtype="float32", max_model_len=128,
     max_num_seqs=1, enforce_eager=True, kv_cache_memory_bytes=64 << 20, skip_tokenizer_init=True)
 """
@@ -72,7 +88,7 @@ LLM(model=folder, load_format=load_format, model_loader_extra_config=extra, dtyp
 
 def build(folder: str, layers: int) -> dict:
     """The safetensors and tensorlist directories of the bench's model (made once, kept in ``folder``)."""
-    dirs = {"hf": os.path.join(folder, "hf"), "tl": os.path.join(folder, "tl")}
+    dirs = {"hf": os.path.join(folder, "hf"), "tl": os.path.join(folder, "tl"), "tz": os.path.join(folder, "tz")}
     if not os.path.exists(os.path.join(dirs["tl"], "config.json")):
         import torch
         from transformers import LlamaConfig, LlamaForCausalLM
@@ -91,7 +107,26 @@ def build(folder: str, layers: int) -> dict:
                 p.normal_(0, 0.02)
         model.save_pretrained(dirs["hf"], max_shard_size="400MB")
         tensorlist.convert.convert(dirs["hf"], dirs["tl"])
+    if not os.path.exists(os.path.join(dirs["tz"], "model.tensors")):
+        _tensorize(dirs["hf"], dirs["tz"])
     return dirs
+
+
+def _tensorize(hf: str, out: str) -> None:
+    """The safetensors shards' state dict in one tensorizer file (where tensorizer is installed)."""
+    try:
+        from safetensors.torch import load_file
+        from tensorizer import TensorSerializer
+    except ImportError:
+        return
+    os.makedirs(out, exist_ok=True)
+    state = {}
+    for p in files_of(hf):
+        if p.endswith(".safetensors"):
+            state.update(load_file(p))
+    s = TensorSerializer(os.path.join(out, "model.tensors"))
+    s.write_state_dict(state)
+    s.close()
 
 
 def files_of(folder: str):
@@ -101,13 +136,21 @@ def files_of(folder: str):
 def run_one(key: str, dirs: dict, cold: bool, drop_all: bool) -> float:
     kind, load_format, extra = FORMATS[key]
     folder = dirs[kind]
+    files = files_of(folder)
+    if key == "tensorizer":
+        uri = os.path.join(dirs["tz"], "model.tensors")
+        if not os.path.exists(uri):
+            raise RuntimeError("tensorizer: not installed")
+        # top level for the engine's arguments (which rebuild tensorizer_config), nested for the loader's
+        extra = {"tensorizer_uri": uri, "tensorizer_config": {"tensorizer_uri": uri}}
+        files = [p for p in files if ".safetensors" not in p] + [uri]
     if cold:
-        evict(files_of(folder), drop_all)
-        worst = max(resident_fraction(p) for p in files_of(folder))
+        evict(files, drop_all)
+        worst = max(resident_fraction(p) for p in files)
         if worst > 0.01:
             raise RuntimeError(f"{folder}: {worst:.1%} of a file stayed in the page cache after eviction")
     else:
-        warm(files_of(folder))
+        warm(files)
     out = subprocess.run([sys.executable, "-c", CHILD, folder, load_format, json.dumps(extra)],
                          capture_output=True, text=True, env=installed_env(VLLM_LOGGING_LEVEL="WARNING"))
     m = re.search(r"^LOADED (\S+)$", out.stdout, re.M)
