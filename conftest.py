@@ -34,6 +34,8 @@ if importlib.util.find_spec("transformers") is None:  # TensorListTrainer's modu
 if importlib.util.find_spec("lightning") is None:  # tensorlist.lightning needs lightning (and torch)
     collect_ignore += ["tensorlist/lightning"]
 if importlib.util.find_spec("vllm") is None or importlib.util.find_spec("torch") is None:  # the loader imports both
-    collect_ignore += ["tensorlist/vllm/loader.py"]
+    collect_ignore += ["tensorlist/vllm/loader.py", "tensorlist/vllm/adopt.py"]
+if importlib.util.find_spec("torch") is None:  # the slices of a tensor-parallel rank are torch tensors
+    collect_ignore += ["tensorlist/vllm/slices.py"]
 if importlib.util.find_spec("cryptography") is None:  # tensorlist.provenance.signing's example makes a key (tensorlist[sign])
     collect_ignore += ["tensorlist/provenance/signing"]
