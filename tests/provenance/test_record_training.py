@@ -12,7 +12,7 @@ import jsonschema
 import numpy as np
 import pytest
 torch = pytest.importorskip("torch", reason="these tests need torch (pip install 'tensorlist[torch]')")
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from torch.utils.data import DataLoader, TensorDataset
 
 import tensorlist
@@ -21,6 +21,7 @@ from tensorlist.errors import FormatError
 from tensorlist.schema import load_schema
 from tensorlist.provenance.record import (
     RecordWarning,
+    anchor_paths,
     TrainingRecorder,
     build_training_record,
     dataset_content_hash,
@@ -412,8 +413,10 @@ def test_verify_detects_tampered_weights(tmp_path):
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(records())
+@example(dict(minimal(), initial_weights={"from": "file", "file": "/", "origin": None}))
 def test_generated_records_round_trip_through_model_files(record):
-    """Any valid record saved in a model file reads back identical (plus the weights hash)."""
+    """Any valid record saved in a model file reads back identical (plus the weights hash), its absolute
+    paths anchored to the file's directory (``anchor_paths``: "/" is "../.." from a directory two deep)."""
     weights = {"w": np.arange(3, dtype=np.float32)}
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "m.json")
@@ -424,5 +427,5 @@ def test_generated_records_round_trip_through_model_files(record):
         back = read_training_record(path)
         assert back == saved
         expected = dict(record, weights=dict(record["weights"], sha256=weights_sha256(weights)))
-        assert back == expected
+        assert back == anchor_paths(expected, d)
         verify_model_file(path)
