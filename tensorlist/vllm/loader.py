@@ -28,7 +28,6 @@ vLLM and torch.
 """
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import mmap
 import os
